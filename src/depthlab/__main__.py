@@ -1,0 +1,5 @@
+"""``python -m depthlab`` (also what ``torchrun -m depthlab`` runs)."""
+
+from depthlab.cli import run
+
+run()

@@ -1,0 +1,94 @@
+"""DecoderLM: embed -> blocks -> final norm -> LM head. Knows nothing of training, IO or devices.
+
+The residual stream at block boundaries is exposed for the diagnostics:
+``hidden_states[0]`` is the embedding output (input of block 1), ``hidden_states[l]`` the output
+of block ``l`` (before the final norm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from depthlab.config import ModelConfig
+from depthlab.init import initialize
+from depthlab.nn.attention import RotaryEmbedding
+from depthlab.nn.norms import RMSNorm
+from depthlab.schemes import get_scheme
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor  # (B, T, V)
+    loss: torch.Tensor | None = None  # mean token cross-entropy when labels were given
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # L+1 tensors (B, T, D)
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        scheme = get_scheme(cfg.scheme)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(scheme.build_block(cfg, layer) for layer in range(1, cfg.n_layers + 1))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)  # final norm: never scaled by LNS
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.rope = RotaryEmbedding(cfg.dim_head, cfg.rope_theta)
+
+    # ------------------------------------------------------------------ init
+    def reset_parameters(self) -> None:
+        """(Re-)initialise with the scheme's rule; also materialises a model built on ``meta``."""
+        scheme = get_scheme(self.cfg.scheme)
+        initialize(self, scheme.init)
+        if scheme.post_init is not None:
+            scheme.post_init(self)
+
+    # ------------------------------------------------------------------ pieces (used by diagnostics)
+    def run_blocks(self, h: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Apply blocks ``start .. stop-1`` (0-based positions) to a residual stream (B, T, D)."""
+        rope = self.rope(h.shape[1], h.device)
+        for block in self.blocks[start:stop]:
+            h = block(h, rope)
+        return h
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head: residual stream (B, T, D) -> logits (B, T, V)."""
+        return self.lm_head(self.norm(h))
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, T) token ids
+        labels: torch.Tensor | None = None,  # (B, T) next-token targets, -100 = ignore
+        output_hidden_states: bool = False,
+    ) -> LMOutput:
+        h = self.embed(input_ids)  # (B, T, D)
+        rope = self.rope(input_ids.shape[1], h.device)
+        hidden = [h] if output_hidden_states else None
+        for block in self.blocks:
+            h = block(h, rope)
+            if hidden is not None:
+                hidden.append(h)
+        logits = self.head(h)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        return LMOutput(logits, loss, tuple(hidden) if hidden is not None else None)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> DecoderLM:
+    """Build and initialise a model. On ``device="meta"`` the weights stay unmaterialised: call
+    ``model.to_empty(device=...)`` then ``model.reset_parameters()``."""
+    with torch.device(device or "cpu"):
+        model = DecoderLM(cfg)
+        if str(device) != "meta":
+            model.reset_parameters()
+    return model

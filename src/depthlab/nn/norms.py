@@ -1,0 +1,93 @@
+"""Norms and the fixed / learnable scalings that schemes slot into a block."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm as in LLaMA: normalise in fp32, cast back, multiply by the weight."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * y.to(x.dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class GroupRMSNorm(RMSNorm):
+    """Group-LN: RMS-normalise ``groups`` contiguous channel groups separately (Wu & He 2018)."""
+
+    def __init__(self, dim: int, groups: int, eps: float = 1e-6) -> None:
+        super().__init__(dim, eps)
+        self.groups = groups
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = x.float().unflatten(-1, (self.groups, -1))  # (..., G, D/G)
+        y = F.rms_norm(g, (g.shape[-1],), eps=self.eps).flatten(-2)
+        return self.weight * y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, groups={self.groups}"
+
+
+class Scale(nn.Module):
+    """Multiply by a constant. LNS's 1/sqrt(l): a Python float, not a parameter nor a buffer,
+    so it is absent from the state dict and survives meta-device construction."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = float(scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+    def extra_repr(self) -> str:
+        return f"{self.scale:.6g}"
+
+
+class ScalarGain(nn.Module):
+    """SkipInit: one learnable scalar on a branch output."""
+
+    def __init__(self, init: float) -> None:
+        super().__init__()
+        self.init = float(init)
+        self.gain = nn.Parameter(torch.full((), self.init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.gain, self.init)
+
+    def extra_repr(self) -> str:
+        return f"init={self.init:.6g}"
+
+
+class ChannelGain(nn.Module):
+    """LayerScale: a learnable per-channel diag(lambda) on a branch output; Admin's omega."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.init = float(init)
+        self.gain = nn.Parameter(torch.full((dim,), self.init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.gain, self.init)
+
+    def extra_repr(self) -> str:
+        return f"{self.gain.shape[0]}, init={self.init:.6g}"
