@@ -1,0 +1,301 @@
+"""From documents to fixed-shape token batches: packing (default) or per-document padding.
+
+Packing (default): documents are encoded, each followed by EOS, concatenated, and cut into windows
+of ``seq_len + 1`` tokens; a window gives inputs ``x = w[:-1]`` and next-token labels ``y = w[1:]``
+(the model does not shift labels).
+
+Padding (``pack=False``, as the paper's official code): each document + EOS is truncated to
+``seq_len + 1`` tokens and padded with PAD; labels at pad positions are ``-100`` (ignored), so the
+mask covers exactly the pad positions, whatever the PAD id is.
+
+Training order: :class:`TokenSequences` holds every training window; global sequence ``g`` (the
+``g``-th sequence the run consumes) is row ``perm_e[g mod N]`` of a permutation drawn per epoch
+``e = g div N`` from the seed alone. The order thus depends only on (data, tokenizer, seq_len,
+seed) — never on the model or scheme — and resuming means knowing ``g``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from itertools import islice
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from depthlab.data.corpora import SHARDS_META, builtin_path, iter_documents, resolve_files
+from depthlab.data.tokenizers import Tokenizer, default_cache_dir
+from depthlab.errors import DepthlabError
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+ENCODE_CHUNK = 512  # documents per encode_batch call
+
+
+def encode_documents(docs: Iterable[str], tokenizer: Tokenizer) -> Iterator[list[int]]:
+    """Encode documents in chunks (fast batched tokenizers), yielding one id list per document."""
+    it = iter(docs)
+    while True:
+        chunk = list(islice(it, ENCODE_CHUNK))
+        if not chunk:
+            return
+        yield from tokenizer.encode_batch(chunk)
+
+
+def pack_tokens(token_lists: Iterable[Sequence[int]], eos_id: int, window: int) -> np.ndarray:
+    """Concatenate documents, each followed by EOS, into rows of ``window`` tokens (tail dropped)."""
+    flat = np.fromiter((t for ids in token_lists for t in (*ids, eos_id)), dtype=np.int64)
+    n = len(flat) // window
+    return flat[: n * window].reshape(n, window)
+
+
+def pad_tokens(token_lists: Iterable[Sequence[int]], eos_id: int, pad_id: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """One row per document: ids + EOS, truncated to ``window``, padded with ``pad_id``.
+    Returns (rows (N, window), lengths (N,)): positions >= length are padding."""
+    rows, lengths = [], []
+    for ids in token_lists:
+        seq = (list(ids) + [eos_id])[:window]
+        lengths.append(len(seq))
+        rows.append(seq + [pad_id] * (window - len(seq)))
+    if not rows:
+        return np.zeros((0, window), np.int64), np.zeros((0,), np.int64)
+    return np.asarray(rows, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+
+
+def inputs_and_labels(rows: np.ndarray, lengths: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows (B, T+1) -> inputs (B, T) and labels (B, T); label ``-100`` where the target is padding."""
+    rows_t = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+    x, y = rows_t[:, :-1].clone(), rows_t[:, 1:].clone()
+    if lengths is not None:
+        pos = torch.arange(1, rows_t.shape[1]).unsqueeze(0)  # position of each target in the window
+        y[pos >= torch.as_tensor(np.asarray(lengths)).unsqueeze(1)] = IGNORE_INDEX
+    return x, y
+
+
+# ---------------------------------------------------------------------- token shards
+def is_shard_dir(spec: str) -> bool:
+    return not spec.startswith("hf:") and spec != "builtin" and (Path(spec).expanduser() / SHARDS_META).is_file()
+
+
+def shard_meta(spec: str) -> dict:
+    return json.loads((Path(spec).expanduser() / SHARDS_META).read_text())
+
+
+def shard_tokens(spec: str, split: str) -> np.ndarray:
+    """The 1-D memmap of a shard directory's ``train`` or ``val`` tokens."""
+    meta = shard_meta(spec)
+    path = Path(spec).expanduser() / f"{split}.bin"
+    if not path.is_file():
+        raise DepthlabError(f"token shards {spec!r} have no {split} split ({path.name} missing)")
+    return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
+
+
+def write_shards(spec: str, tokenizer: Tokenizer, out_dir: str | Path, text_field: str = "text") -> dict:
+    """Tokenize a corpus once into ``out_dir/{train,val}.bin`` (uint16/uint32, EOS-separated) for
+    training on large data: ``--data out_dir`` then memory-maps them. Returns the metadata."""
+    out = Path(out_dir)
+    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    out.mkdir(parents=True, exist_ok=False)
+    counts = {}
+    for split in ("train", "val"):
+        n = 0
+        with open(out / f"{split}.bin", "wb") as f:
+            for ids in encode_documents(iter_documents(spec, split, text_field), tokenizer):
+                arr = np.asarray([*ids, tokenizer.eos_id], dtype=dtype)
+                f.write(arr.tobytes())
+                n += len(arr)
+        counts[f"{split}_tokens"] = n
+    tokenizer.save(out / "tokenizer")
+    meta = {"dtype": np.dtype(dtype).name, "tokenizer": tokenizer.spec, "fingerprint": tokenizer.fingerprint(),
+            "source": spec, "text_field": text_field, **counts}
+    (out / SHARDS_META).write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+# ---------------------------------------------------------------------- training sequences
+class TokenSequences:
+    """All training windows of a split, in memory (or memory-mapped), served in seeded order."""
+
+    def __init__(self, rows: np.ndarray, lengths: np.ndarray | None, seed: int) -> None:
+        if len(rows) == 0:
+            raise DepthlabError("the training data is too short to fill one sequence; add data or lower --seq-len")
+        self.rows, self.lengths, self.seed = rows, lengths, seed
+        self._perm: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perm:
+            self._perm = {epoch: np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))}
+        return self._perm[epoch]
+
+    def row_ids(self, start: int, count: int) -> np.ndarray:
+        """Row numbers of global sequences ``start .. start+count-1``."""
+        n = len(self.rows)
+        return np.asarray([self._order(g // n)[g % n] for g in range(start, start + count)], dtype=np.int64)
+
+    def batch(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and labels (count, T) of global sequences ``start .. start+count-1``."""
+        idx = self.row_ids(start, count)
+        rows = np.asarray(self.rows[np.sort(idx)])[np.argsort(np.argsort(idx))]  # memmap-friendly fancy index
+        return inputs_and_labels(rows, None if self.lengths is None else self.lengths[idx])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.lengths.sum()) if self.lengths is not None else self.rows.size
+
+
+def _local_fingerprint(spec: str) -> str | None:
+    """A cache key for a local corpus (paths, sizes, mtimes); None for streamed data."""
+    if spec.startswith("hf:"):
+        return None
+    files = [builtin_path()] if spec == "builtin" else resolve_files(spec)
+    h = hashlib.sha256(spec.encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _cached_encode(spec: str, split: str, tokenizer: Tokenizer, text_field: str, cache_dir) -> list[np.ndarray]:
+    """Encoded documents of a split, cached as one .npz per (corpus, split, tokenizer)."""
+    fp = _local_fingerprint(spec)
+    path = None
+    if fp is not None:
+        key = hashlib.sha256(f"{fp}|{split}|{text_field}|{tokenizer.fingerprint()}".encode()).hexdigest()[:20]
+        path = Path(cache_dir or default_cache_dir()) / "tokens" / f"{key}.npz"
+        if path.is_file():
+            try:
+                with np.load(path) as z:
+                    flat, offsets = z["flat"], z["offsets"]
+                return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+            except Exception:  # a damaged cache file: rebuild it
+                log.warning("ignoring unreadable token cache %s", path)
+    docs = [np.asarray(ids, dtype=np.int64) for ids in encode_documents(iter_documents(spec, split, text_field), tokenizer)]
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            offsets = np.cumsum([0] + [len(d) for d in docs])
+            fd, tmp = tempfile.mkstemp(suffix=".npz", dir=path.parent)
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, flat=np.concatenate(docs) if docs else np.zeros(0, np.int64), offsets=offsets)
+            os.replace(tmp, path)
+        except OSError as err:
+            log.warning("could not cache tokens in %s: %s", path, err)
+    return docs
+
+
+def load_sequences(
+    spec: str,
+    tokenizer: Tokenizer,
+    seq_len: int,
+    *,
+    split: str = "train",
+    pack: bool = True,
+    seed: int = 0,
+    text_field: str = "text",
+    cache_dir=None,
+    max_tokens: int | None = None,
+) -> TokenSequences:
+    """Every window of ``seq_len + 1`` tokens of a split (packed) or one padded row per document.
+
+    Local corpora and token shards are read in full (shards memory-mapped); ``hf:`` streams are read
+    up to ``max_tokens`` tokens (for data larger than memory, write shards with ``depthlab tokenize``).
+    """
+    window = seq_len + 1
+    if is_shard_dir(spec):
+        if not pack:
+            raise DepthlabError(f"token shards {spec!r} are packed; --no-pack needs documents, not shards")
+        flat = shard_tokens(spec, split)
+        n = len(flat) // window
+        return TokenSequences(flat[: n * window].reshape(n, window), None, seed)
+    if spec.startswith("hf:"):
+        docs: Iterable = encode_documents(iter_documents(spec, split, text_field), tokenizer)
+        if max_tokens is not None:
+            docs = _take_tokens(docs, max_tokens)
+    else:
+        docs = _cached_encode(spec, split, tokenizer, text_field, cache_dir)
+        if not docs:
+            raise DepthlabError(f"data {spec!r} has no documents in its {split} split")
+    if pack:
+        return TokenSequences(pack_tokens(docs, tokenizer.eos_id, window), None, seed)
+    rows, lengths = pad_tokens(docs, tokenizer.eos_id, tokenizer.pad_id, window)
+    return TokenSequences(rows, lengths, seed)
+
+
+def _take_tokens(docs: Iterable[list[int]], max_tokens: int) -> Iterator[list[int]]:
+    total = 0
+    for ids in docs:
+        yield ids
+        total += len(ids) + 1
+        if total >= max_tokens:
+            return
+
+
+# ---------------------------------------------------------------------- evaluation batches
+class EvalBatches:
+    """Iterable of LongTensor (B, seq_len) batches of packed held-out text, ``n_tokens`` in all.
+
+    After iterating: ``tokens`` = tokens yielded, ``short`` = True when the split held fewer
+    than asked (a warning is logged too). Iterating again yields the same batches.
+    """
+
+    def __init__(self, spec: str, tokenizer: Tokenizer, n_tokens: int, seq_len: int, batch_size: int,
+                 split: str = "val", text_field: str = "text") -> None:
+        if n_tokens < 1 or seq_len < 1 or batch_size < 1:
+            raise DepthlabError("n_tokens, seq_len and batch_size must be positive")
+        self.spec, self.tokenizer, self.n_tokens = spec, tokenizer, n_tokens
+        self.seq_len, self.batch_size, self.split, self.text_field = seq_len, batch_size, split, text_field
+        self.tokens, self.short = 0, False
+        if not is_shard_dir(spec):
+            iter_documents(spec, split, text_field)  # validate the spec eagerly
+
+    def _windows(self) -> Iterator[np.ndarray]:
+        T = self.seq_len
+        if is_shard_dir(self.spec):
+            flat = shard_tokens(self.spec, self.split)
+            for i in range(len(flat) // T):
+                yield np.asarray(flat[i * T:(i + 1) * T], dtype=np.int64)
+            return
+        buf: list[int] = []
+        for ids in encode_documents(iter_documents(self.spec, self.split, self.text_field), self.tokenizer):
+            buf.extend(ids)
+            buf.append(self.tokenizer.eos_id)
+            while len(buf) >= T:
+                yield np.asarray(buf[:T], dtype=np.int64)
+                del buf[:T]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        want = -(-self.n_tokens // self.seq_len)  # sequences needed
+        self.tokens, got, batch = 0, 0, []
+        for w in self._windows():
+            batch.append(w)
+            got += 1
+            if len(batch) == self.batch_size or got == want:
+                self.tokens += len(batch) * self.seq_len
+                yield torch.as_tensor(np.stack(batch))
+                batch = []
+            if got == want:
+                break
+        if batch:
+            self.tokens += len(batch) * self.seq_len
+            yield torch.as_tensor(np.stack(batch))
+        self.short = got < want
+        if self.short:
+            log.warning("%s split of %r holds only %d tokens in windows of %d (asked for %d)",
+                        self.split, self.spec, self.tokens, self.seq_len, self.n_tokens)
+
+
+def eval_token_batches(spec: str, tokenizer: Tokenizer, n_tokens: int, seq_len: int, batch_size: int,
+                       split: str = "val", text_field: str = "text") -> EvalBatches:
+    """Packed held-out text as LongTensor (B, seq_len) batches, stopping at ``n_tokens`` tokens
+    (rounded up to whole sequences). Check ``.short`` / ``.tokens`` after iterating. For next-token
+    loss, ask for ``seq_len + 1`` and use ``b[:, :-1]`` as inputs, ``b[:, 1:]`` as labels."""
+    return EvalBatches(spec, tokenizer, n_tokens, seq_len, batch_size, split, text_field)
