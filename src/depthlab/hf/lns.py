@@ -1,0 +1,197 @@
+"""LayerNorm Scaling (LNS) for Hugging Face decoder models (Llama, Mistral, Qwen2, Qwen3).
+
+    from depthlab.hf import apply_layernorm_scaling, fold_layernorm_scaling, load
+    model = AutoModelForCausalLM.from_config(config)      # or from_pretrained(...)
+    apply_layernorm_scaling(model)                        # in place: block l's pre-norms x 1/sqrt(l)
+    Trainer(model=model, ...).train()
+    model.save_pretrained("out")                          # vanilla weights + a marker in config.json
+    model = load("out")                                   # LNS restored from the marker
+    vanilla = fold_layernorm_scaling(model)               # plain transformers model, same logits
+
+How: a forward hook on each decoder layer's ``input_layernorm`` and ``post_attention_layernorm``
+multiplies the norm's output by ``1/sqrt(l)`` (``l`` = 1-based layer position). A hook changes no
+class and no parameter, so state-dict keys stay those of the vanilla model, ``save_pretrained``
+writes a checkpoint any runtime can read, and ``torch.compile``, gradient checkpointing (the hook
+runs again on recomputation) and ``Trainer`` see an ordinary module. The scale is a Python float
+held by the hook object: nothing in the state dict, nothing for meta-device init to wipe.
+
+Qwen3's ``q_norm``/``k_norm`` inside attention and the final ``model.norm`` are not scaled
+(SPEC §1: only the two pre-norms of each block).
+
+The fact is recorded in ``model.config.layernorm_scaling`` (saved in ``config.json``). A *plain*
+``AutoModelForCausalLM.from_pretrained`` of such a checkpoint ignores that field and builds the
+vanilla (unscaled) network: a different model with different logits. Load it with
+:func:`load`, or export with :func:`fold_layernorm_scaling` for inference anywhere else.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from depthlab.errors import DepthlabError
+
+log = logging.getLogger(__name__)
+
+#: ``config.model_type`` of the supported families. All share the Llama decoder-layer layout
+#: (``base_model.layers[i].{input_layernorm, post_attention_layernorm}``, an RMSNorm computing
+#: ``weight * normalize(x)``, so the scale folds exactly into ``weight``).
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
+
+#: The two pre-norms of each decoder layer that LNS scales (SPEC §1).
+SCALED_NORMS: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+
+#: Name of the ``config`` field that records LNS; saved by ``save_pretrained``.
+CONFIG_KEY = "layernorm_scaling"
+
+#: The marker written to ``config.layernorm_scaling``; ``version`` is bumped on incompatible change.
+MARKER: dict[str, Any] = {"position": "after-norm", "version": 1, "scale": "1/sqrt(l)", "norms": list(SCALED_NORMS)}
+
+
+class LayerNormScalingHook:
+    """Forward hook: multiply a norm's output by the constant ``scale`` (= 1/sqrt(layer))."""
+
+    def __init__(self, layer: int) -> None:
+        self.layer = int(layer)  # 1-based depth index l
+        self.scale = 1.0 / math.sqrt(self.layer)
+
+    def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output * self.scale
+
+    def __repr__(self) -> str:
+        return f"LayerNormScalingHook(layer={self.layer}, scale={self.scale:.6g})"
+
+
+# ---------------------------------------------------------------------- structure
+def _model_type(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type is None:
+        raise DepthlabError(
+            f"{type(model).__name__} is not a Hugging Face transformers model (no config.model_type); "
+            "LayerNorm Scaling for HF models supports: " + ", ".join(SUPPORTED_MODEL_TYPES)
+            + " (depthlab's own models: build them with scheme='lns')"
+        )
+    return model_type
+
+
+def _scaled_norms(model: nn.Module) -> Iterator[tuple[int, nn.Module]]:
+    """(1-based layer, norm module) for the two pre-norms of every decoder layer; checks support."""
+    model_type = _model_type(model)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise DepthlabError(
+            f"LayerNorm Scaling does not support architecture {model_type!r} "
+            f"({type(model).__name__}); supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    layers = getattr(getattr(model, "base_model", model), "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise DepthlabError(f"{type(model).__name__} has no decoder layers at base_model.layers")
+    for layer, block in enumerate(layers, start=1):
+        for name in SCALED_NORMS:
+            norm = getattr(block, name, None)
+            weight = getattr(norm, "weight", None)
+            if not isinstance(weight, nn.Parameter) or weight.dim() != 1:
+                raise DepthlabError(f"decoder layer {layer - 1} of {type(model).__name__} has no RMSNorm {name!r}")
+            yield layer, norm
+
+
+def _hooks(norm: nn.Module) -> list[int]:
+    return [hid for hid, hook in norm._forward_hooks.items() if isinstance(hook, LayerNormScalingHook)]
+
+
+def is_layernorm_scaled(model: nn.Module) -> bool:
+    """True when LNS hooks are active on ``model`` (not merely recorded in its config)."""
+    return any(_hooks(norm) for _, norm in _scaled_norms(model))
+
+
+def layernorm_scaling_marker(config: Any) -> dict[str, Any] | None:
+    """The LNS marker recorded in an HF ``config`` (or ``None``); raises on an unknown version."""
+    marker = getattr(config, CONFIG_KEY, None)
+    if marker is None:
+        return None
+    if not isinstance(marker, dict) or marker.get("version") != MARKER["version"] or marker.get("position") != MARKER["position"]:
+        raise DepthlabError(
+            f"config.{CONFIG_KEY}={marker!r} is not a LayerNorm Scaling marker this depthlab understands "
+            f"(expected version {MARKER['version']}, position {MARKER['position']!r})"
+        )
+    return marker
+
+
+# ---------------------------------------------------------------------- public API
+def apply_layernorm_scaling(model: nn.Module) -> nn.Module:
+    """Apply LNS in place: both pre-norm outputs of decoder layer ``l`` (1-based) are multiplied by
+    ``1/sqrt(l)``; records ``config.layernorm_scaling``. Returns ``model``.
+
+    Raises ``ValueError`` (a ``DepthlabError``) for an unsupported architecture or when LNS is
+    already active (applying twice would scale twice). A model whose config carries the marker but
+    has no active hooks (a checkpoint read with plain ``from_pretrained``) gets LNS restored.
+    """
+    norms = list(_scaled_norms(model))  # validates the architecture first
+    if any(_hooks(norm) for _, norm in norms):
+        raise DepthlabError("LayerNorm Scaling is already applied to this model; applying it twice would scale twice "
+                            "(call remove_layernorm_scaling first)")
+    layernorm_scaling_marker(model.config)  # an unknown marker is an error, not silently overwritten
+    for layer, norm in norms:
+        norm.register_forward_hook(LayerNormScalingHook(layer))
+    setattr(model.config, CONFIG_KEY, copy.deepcopy(MARKER))
+    log.info("LayerNorm Scaling applied to %d decoder layers of %s", len(norms) // 2, type(model).__name__)
+    return model
+
+
+def remove_layernorm_scaling(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply_layernorm_scaling` in place (hooks and config marker); weights untouched."""
+    norms = list(_scaled_norms(model))
+    if not any(_hooks(norm) for _, norm in norms):
+        raise DepthlabError("LayerNorm Scaling is not applied to this model; nothing to remove")
+    for _, norm in norms:
+        for hid in _hooks(norm):
+            del norm._forward_hooks[hid]
+    if hasattr(model.config, CONFIG_KEY):
+        delattr(model.config, CONFIG_KEY)
+    return model
+
+
+def fold_layernorm_scaling(model: nn.Module, inplace: bool = False) -> nn.Module:
+    """A vanilla model computing the same function: each scaled norm's weight is multiplied by
+    ``1/sqrt(l)`` and the hooks and marker are removed. Exact at inference (RMSNorm(x)·γ·s =
+    RMSNorm(x)·(γ·s)), up to float rounding. Returns a deep copy unless ``inplace=True``.
+    Do not keep training the folded model as if it were LNS: the training dynamics differ."""
+    if not is_layernorm_scaled(model):
+        hint = " (its config carries the marker: load it with depthlab.hf.load)" if getattr(model.config, CONFIG_KEY, None) else ""
+        raise DepthlabError("LayerNorm Scaling is not applied to this model; nothing to fold" + hint)
+    folded = model if inplace else copy.deepcopy(model)
+    scales = [(norm, _hook_scale(norm)) for _, norm in _scaled_norms(folded)]
+    remove_layernorm_scaling(folded)
+    with torch.no_grad():
+        for norm, scale in scales:
+            norm.weight.mul_(scale)
+    return folded
+
+
+def _hook_scale(norm: nn.Module) -> float:
+    (hid,) = _hooks(norm)
+    return norm._forward_hooks[hid].scale
+
+
+def load(path: str, auto_class: Any = None, **from_pretrained_kwargs: Any) -> nn.Module:
+    """Load an HF checkpoint (``save_pretrained`` directory or hub id) and restore LayerNorm
+    Scaling when its config records it. ``auto_class`` defaults to ``AutoModelForCausalLM``;
+    extra keyword arguments go to ``from_pretrained`` (``torch_dtype``, ``device_map``, ...)."""
+    if auto_class is None:
+        from transformers import AutoModelForCausalLM as auto_class  # noqa: N813
+    model = auto_class.from_pretrained(path, **from_pretrained_kwargs)
+    if layernorm_scaling_marker(model.config) is not None:
+        apply_layernorm_scaling(model)
+    return model
+
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES", "SCALED_NORMS", "CONFIG_KEY", "MARKER", "LayerNormScalingHook",
+    "apply_layernorm_scaling", "remove_layernorm_scaling", "fold_layernorm_scaling", "is_layernorm_scaled",
+    "layernorm_scaling_marker", "load",
+]
