@@ -1,0 +1,187 @@
+"""TrainConfig: every knob of a pre-training run, typed, commented, JSON round-trip.
+
+Fields left ``None`` are filled per preset by :meth:`TrainConfig.resolve` following SPEC.md §4
+(lr 1e-3 up to 250M, 5e-4 above; warm-up 10% of steps, 1% at 1B+; sequence length 256; global
+batch 512 sequences); the ``tiny`` preset gets CPU-sized defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from depthlab.config import ModelConfig
+from depthlab.errors import ConfigError, choices
+
+OPTIMIZERS = ("adam", "adamw")
+DTYPES = ("auto", "fp32", "bf16")
+DIST_MODES = ("none", "ddp", "fsdp")
+
+#: SPEC.md §4 per preset: (lr, steps, warm-up fraction, seq_len, global batch in sequences).
+PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "tiny": dict(lr=2e-3, steps=300, warmup=0.1, seq_len=128, batch_size=16, eval_tokens=32_768),
+    "llama-9m": dict(lr=1e-3, steps=10_000, warmup=0.1),
+    "llama-20m": dict(lr=1e-3, steps=10_000, warmup=0.1),
+    "llama-35m": dict(lr=1e-3, steps=10_000, warmup=0.1),
+    "llama-40m": dict(lr=1e-3, steps=10_000, warmup=0.1),
+    "llama-60m": dict(lr=1e-3, steps=10_000, warmup=0.1),
+    "llama-71m": dict(lr=1e-3, steps=10_000, warmup=0.1),
+    "llama-100m": dict(lr=1e-3, steps=20_000, warmup=0.1),
+    "llama-130m": dict(lr=1e-3, steps=20_000, warmup=0.1),
+    "llama-250m": dict(lr=1e-3, steps=40_000, warmup=0.1),
+    "llama-350m": dict(lr=5e-4, steps=60_000, warmup=0.1),
+    "llama-1b": dict(lr=5e-4, steps=100_000, warmup=0.01),
+    "llama-3b": dict(lr=5e-4, steps=100_000, warmup=0.01),
+    "llama-7b": dict(lr=5e-4, steps=100_000, warmup=0.01),
+    "qwen2.5-0.5b": dict(lr=5e-4, steps=60_000, warmup=0.1),
+}
+PAPER_DEFAULTS = dict(lr=1e-3, steps=20_000, warmup=0.1, seq_len=256, batch_size=512, eval_tokens=1_048_576)
+
+
+@dataclass
+class TrainConfig:
+    """A pre-training run. ``None`` = per-preset default (see ``resolve``)."""
+
+    # ---- data
+    data: str = "builtin"  # builtin | file | dir | glob | hf:NAME[:CONFIG] | token-shard dir
+    val_data: str | None = None  # explicit held-out source; None = the deterministic held-out split of `data`
+    text_field: str = "text"  # text field of .jsonl / .parquet / hf datasets
+    tokenizer: str | None = None  # bytes | bpe:N | hf:NAME_OR_PATH; None = bpe:4096 (shards: their own)
+    seq_len: int | None = None  # tokens per training sequence (paper: 256)
+    pack: bool = True  # pack documents with an EOS separator; False = pad each document (official code)
+    # ---- batch and schedule
+    batch_size: int | None = None  # global batch, in sequences (paper: 512)
+    micro_batch_size: int | None = None  # sequences per rank per forward; None = batch_size // world_size
+    steps: int | None = None  # optimizer steps
+    lr: float | None = None  # peak learning rate
+    warmup: float | None = None  # warm-up: a fraction of `steps` if < 1, else a number of steps
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio (paper 0.1)
+    optimizer: str = "adam"  # adam | adamw (paper: Adam, weight decay 0)
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    adam_eps: float = 1e-8
+    grad_clip: float | None = None  # max global grad norm; None = no clipping (paper)
+    seed: int = 0  # fixes init and data order
+    # ---- execution
+    device: str | None = None  # cpu | cuda | cuda:N; None = cuda when available
+    dtype: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 (autocast; weights stay fp32)
+    compile: bool = False  # torch.compile the model
+    dist: str = "none"  # none | ddp | fsdp (under torchrun)
+    # ---- evaluation, metrics, checkpoints
+    eval_every: int | None = None  # steps between held-out evaluations; None = steps // 5; 0 = only at the end
+    eval_tokens: int | None = None  # held-out tokens per evaluation (paper: ~10M)
+    eval_batch_size: int | None = None  # sequences per eval forward; None = micro_batch_size
+    variance_every: int | None = None  # steps between layerwise-variance probes; None = steps // 20
+    probe_batch_size: int = 8  # sequences in the fixed variance-probe batch (held-out text)
+    log_every: int = 10  # steps between train lines in metrics.jsonl
+    ckpt_every: int | None = None  # steps between checkpoints; None = steps // 4; 0 = only at the end
+    keep_last: int = 2  # checkpoints kept
+    cache_dir: str | None = None  # tokenizer / token cache; None = $DEPTHLAB_CACHE or ~/.cache/depthlab
+    tensorboard: bool = False  # also log to <out>/tensorboard (needs tensorboard)
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown TrainConfig field(s) {unknown}; {choices(sorted(known))}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, path_or_text: str | Path) -> "TrainConfig":
+        text = str(path_or_text)
+        if not text.lstrip().startswith("{"):
+            text = Path(path_or_text).read_text()
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return self.from_dict({**self.to_dict(), **changes})
+
+    # ------------------------------------------------------------------ defaults + validation
+    def resolve(self, model_cfg: ModelConfig, world_size: int = 1) -> "TrainConfig":
+        """A copy with every ``None`` default filled for this model and world size, validated."""
+        d = {**PAPER_DEFAULTS, **PRESET_DEFAULTS.get(model_cfg.name, _by_size(model_cfg))}
+        c = self.to_dict()
+        for key in ("lr", "steps", "warmup", "seq_len", "batch_size", "eval_tokens"):
+            if c[key] is None:
+                c[key] = d[key]
+        if c["seq_len"] > model_cfg.max_seq_len and self.seq_len is None:
+            c["seq_len"] = model_cfg.max_seq_len
+        if c["micro_batch_size"] is None:
+            c["micro_batch_size"] = max(1, c["batch_size"] // world_size)
+        if c["eval_batch_size"] is None:
+            c["eval_batch_size"] = c["micro_batch_size"]
+        steps = c["steps"]
+        if c["eval_every"] is None:
+            c["eval_every"] = max(1, steps // 5)
+        if c["variance_every"] is None:
+            c["variance_every"] = max(1, steps // 20)
+        if c["ckpt_every"] is None:
+            c["ckpt_every"] = max(1, steps // 4)
+        out = TrainConfig(**c)
+        out.validate(model_cfg, world_size)
+        return out
+
+    @property
+    def warmup_steps(self) -> int:
+        w = self.warmup or 0.0
+        return int(round(w * (self.steps or 0))) if w < 1 else int(w)
+
+    def validate(self, model_cfg: ModelConfig, world_size: int = 1) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {self.optimizer!r}; {choices(OPTIMIZERS)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}; {choices(DTYPES)}")
+        if self.dist not in DIST_MODES:
+            raise ConfigError(f"unknown dist mode {self.dist!r}; {choices(DIST_MODES)}")
+        for name in ("seq_len", "batch_size", "micro_batch_size", "steps", "eval_tokens", "eval_batch_size",
+                     "probe_batch_size", "log_every", "keep_last"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("eval_every", "variance_every", "ckpt_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {v!r}")
+        if self.seq_len > model_cfg.max_seq_len:
+            raise ConfigError(
+                f"seq_len={self.seq_len} exceeds the model's max_seq_len={model_cfg.max_seq_len}; "
+                f"lower --seq-len or raise max_seq_len"
+            )
+        per_step = self.micro_batch_size * world_size
+        if self.batch_size % per_step:
+            raise ConfigError(
+                f"batch_size={self.batch_size} is not divisible by micro_batch_size={self.micro_batch_size}"
+                + (f" x world_size={world_size}" if world_size > 1 else "")
+            )
+        if not (self.lr and self.lr > 0):
+            raise ConfigError(f"lr must be positive, got {self.lr!r}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
+        if self.warmup is not None and (self.warmup < 0 or self.warmup_steps > self.steps):
+            raise ConfigError(f"warmup={self.warmup!r} must be a fraction in [0, 1) or at most steps={self.steps}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ConfigError(f"grad_clip must be positive or None, got {self.grad_clip!r}")
+
+    def accum_steps(self, world_size: int = 1) -> int:
+        """Micro-steps per optimizer step on each rank (after ``resolve``)."""
+        return self.batch_size // (self.micro_batch_size * world_size)
+
+
+def _by_size(model_cfg: ModelConfig) -> dict[str, Any]:
+    """Defaults for a custom shape, by parameter count (SPEC §4: 5e-4 from 350M up)."""
+    n = model_cfg.num_params(include_embeddings=False)
+    if n < 5_000_000:
+        return PRESET_DEFAULTS["tiny"]
+    return dict(lr=5e-4 if n > 300_000_000 else 1e-3, steps=20_000, warmup=0.1)

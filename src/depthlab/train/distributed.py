@@ -1,0 +1,152 @@
+"""Everything distributed lives here; the model knows nothing of it.
+
+    torchrun --nproc_per_node N -m depthlab train ... --dist ddp|fsdp
+
+``setup`` joins the process group torchrun describes (NCCL on CUDA, gloo on CPU); ``wrap`` puts the
+model behind a loss module (so every wrapper sees plain tensors) and applies DDP or FSDP2
+(``fully_shard`` per block, then the root); ``grad_sync`` skips the all-reduce on all but the last
+micro-step of an accumulated batch (DDP ``no_sync``, FSDP2 ``set_requires_gradient_sync``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from depthlab.errors import ConfigError
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    mode: str = "none"  # none | ddp | fsdp
+    initialized_here: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1 or self.mode != "none"
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def setup(mode: str, device: torch.device) -> DistEnv:
+    """Join the torchrun process group for ``mode`` ("none" runs a single process)."""
+    world = env_world_size()
+    if mode == "none":
+        if world > 1:
+            raise ConfigError(f"launched with WORLD_SIZE={world} but --dist none; pass --dist ddp or --dist fsdp")
+        return DistEnv()
+    if "RANK" not in os.environ:
+        raise ConfigError(f"--dist {mode} needs torchrun (e.g. torchrun --nproc_per_node 2 -m depthlab train ...)")
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    here = False
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
+        here = True
+    return DistEnv(rank, world, local, mode, here)
+
+
+def teardown(env: DistEnv) -> None:
+    if env.initialized_here and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class LMLoss(nn.Module):
+    """``(input_ids, labels) -> (loss, hidden_states...)``: tensors only, for DDP/FSDP hooks."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                output_hidden_states: bool = False) -> tuple[torch.Tensor, ...]:
+        out = self.model(input_ids, labels=labels, output_hidden_states=output_hidden_states)
+        loss = out.loss if out.loss is not None else out.logits.new_zeros(())
+        return (loss, *(out.hidden_states or ()))
+
+
+def wrap(model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
+    """The module the training loop calls: LMLoss(model), under DDP or FSDP2 when distributed."""
+    module = LMLoss(model)
+    if env.mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+    if env.mode == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(module)
+        return module
+    return module
+
+
+@contextlib.contextmanager
+def grad_sync(module: nn.Module, env: DistEnv, sync: bool) -> Iterator[None]:
+    """Inside: backward all-reduces gradients only when ``sync`` (the last micro-step)."""
+    if env.mode == "ddp" and not sync:
+        with module.no_sync():
+            yield
+    elif env.mode == "fsdp":
+        module.set_requires_gradient_sync(sync)
+        yield
+    else:
+        yield
+
+
+def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    if env.active and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def barrier(env: DistEnv) -> None:
+    if env.active and dist.is_initialized():
+        dist.barrier()
+
+
+def broadcast_object(obj, env: DistEnv):
+    """Rank 0's value of ``obj`` on every rank."""
+    if not (env.active and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def full_state_dicts(module: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer):
+    """Full (unsharded, CPU) model and optimizer state dicts, keyed by the model's own names.
+    Collective under FSDP: every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd = get_model_state_dict(model, options=opts)
+    osd = get_optimizer_state_dict(model, optimizer, options=opts)
+    return msd, osd
+
+
+def load_full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer | None, msd: dict, osd: dict | None) -> None:
+    """Inverse of :func:`full_state_dicts` (every rank passes the full dicts)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, strict=True)
+    set_model_state_dict(model, msd, options=opts)
+    if optimizer is not None and osd is not None:
+        set_optimizer_state_dict(model, optimizer, osd, options=opts)
