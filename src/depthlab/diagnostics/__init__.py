@@ -1,0 +1,29 @@
+"""Curse-of-Depth diagnostics for any layered model (SPEC §5): angular distance, layer removal,
+layerwise variance, block Jacobians; ``depthlab diagnose`` and its report.
+
+    from depthlab.diagnostics import load_target, diagnose, DiagnoseOptions, write_report
+    target = load_target("smollm2")                       # or a run dir, an HF dir, preset:tiny, minilm
+    report = diagnose(target, DiagnoseOptions(tokens=8192))
+    write_report(report, "reports/smollm2")
+
+Lower level: :class:`ResidualCapture` (hooks reading the residual stream, replay for removal),
+:class:`AngularAccumulator`, :class:`VarianceAccumulator`, :class:`RemovalAccumulator`,
+:func:`block_jacobians`.
+"""
+
+from depthlab.diagnostics.angular import AngularAccumulator, adjacent, pair_matrix_to_layout
+from depthlab.diagnostics.capture import LayerCall, ResidualCapture, find_layers
+from depthlab.diagnostics.jacobian import block_jacobian, block_jacobians
+from depthlab.diagnostics.removal import MCAccumulator, RemovalAccumulator, joint_removal_loss, load_mc, nll_sum
+from depthlab.diagnostics.report import render_html, write_report
+from depthlab.diagnostics.runner import DiagnoseOptions, diagnose
+from depthlab.diagnostics.summary import removable_blocks, summary_sentence
+from depthlab.diagnostics.targets import SHORT_NAMES, Target, load_target
+from depthlab.diagnostics.variance import VarianceAccumulator
+
+__all__ = [
+    "ResidualCapture", "LayerCall", "find_layers", "AngularAccumulator", "adjacent", "pair_matrix_to_layout",
+    "VarianceAccumulator", "RemovalAccumulator", "MCAccumulator", "joint_removal_loss", "load_mc", "nll_sum",
+    "block_jacobian", "block_jacobians", "removable_blocks", "summary_sentence", "DiagnoseOptions", "diagnose",
+    "write_report", "render_html", "Target", "load_target", "SHORT_NAMES",
+]

