@@ -324,8 +324,6 @@ def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.D
             if step % cfg.log_every == 0 or step == cfg.steps:
                 metrics.write(step_rec)
                 win_tokens, win_time = 0, 0.0
-            if progress is not None:
-                progress(dict(step_rec))
             bar.update(1)
             bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{step_rec['tokens_per_s']:.0f}", refresh=False)
             if cfg.variance_every and (step % cfg.variance_every == 0 or step == cfg.steps):
@@ -338,6 +336,8 @@ def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.D
                 log.log(log_level, "step %d: eval loss %.4f, ppl %.2f", step, el, ep)
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps:
                 last_ckpt = checkpoint(step)
+            if progress is not None:  # last: a callback that raises leaves a consistent run behind
+                progress({**step_rec, **({"eval_loss": eval_rec["eval_loss"]} if eval_rec.get("step") == step else {})})
     finally:
         bar.close()
         metrics.close()

@@ -1,0 +1,153 @@
+"""``depthlab train``: pre-train a model of one scheme on a corpus; resumable; torchrun-ready."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+USAGE = """\
+examples:
+  depthlab train --preset tiny --scheme lns --data builtin --steps 300 --out runs/lns
+  depthlab train --preset tiny --scheme pre --set n_layers=8 --data corpus.jsonl --text-field body --out runs/pre
+  depthlab train --resume runs/lns                       # continue from the latest checkpoint
+  torchrun --nproc_per_node 8 -m depthlab train --preset llama-130m --scheme lns \\
+      --data hf:allenai/c4:en --tokenizer hf:t5-base --seq-len 256 --batch-size 512 --dist fsdp --out runs/130m
+
+Unset options take the preset's defaults (SPEC.md §4: lr, steps, warm-up, seq len 256, batch 512;
+tiny: CPU-sized). Outputs in --out: config.json, tokenizer/, metrics.jsonl, summary.json, checkpoint/.
+"""
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _overrides(pairs: list[str]) -> dict:
+    from depthlab.errors import ConfigError
+
+    out = {}
+    for pair in pairs or []:
+        key, sep, val = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects KEY=VALUE, got {pair!r}")
+        out[key.strip().replace("-", "_")] = _value(val)
+    return out
+
+
+#: CLI flag (argparse dest) -> TrainConfig field, for the flags that map one to one.
+_TRAIN_FLAGS = ("data", "val_data", "text_field", "tokenizer", "seq_len", "batch_size", "micro_batch_size", "steps",
+                "lr", "warmup", "min_lr_ratio", "optimizer", "weight_decay", "grad_clip", "seed", "device", "dtype",
+                "dist", "eval_every", "eval_tokens", "variance_every", "probe_batch_size", "log_every", "ckpt_every",
+                "keep_last", "cache_dir")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="pre-train a model (one normalization scheme) on a corpus",
+                              description=__doc__ + "\n\n" + USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    m = p.add_argument_group("model")
+    m.add_argument("--preset", help="model preset (default tiny); see depthlab.PRESETS")
+    m.add_argument("--scheme", help="normalization scheme, e.g. pre, lns, post, mix (default pre)")
+    m.add_argument("--set", action="append", metavar="KEY=VALUE", dest="model_set",
+                   help="override a ModelConfig field, e.g. --set n_layers=8 (repeatable)")
+    d = p.add_argument_group("data")
+    d.add_argument("--data", help="builtin | file.txt/.jsonl/.parquet | dir | glob | hf:NAME[:CONFIG] | token-shard dir")
+    d.add_argument("--val-data", help="explicit held-out source (default: held-out split of --data)")
+    d.add_argument("--text-field", help="text field of .jsonl/.parquet/hf data (default text)")
+    d.add_argument("--tokenizer", help="bytes | bpe:N | hf:NAME_OR_PATH (default bpe:4096)")
+    d.add_argument("--seq-len", type=int, help="tokens per sequence")
+    d.add_argument("--no-pack", dest="pack", action="store_false", default=None,
+                   help="pad each document instead of packing (pad positions masked)")
+    o = p.add_argument_group("optimisation")
+    o.add_argument("--batch-size", type=int, help="global batch in sequences")
+    o.add_argument("--micro-batch-size", type=int, help="sequences per rank per forward (gradient accumulation)")
+    o.add_argument("--steps", type=int, help="optimizer steps")
+    o.add_argument("--lr", type=float, help="peak learning rate")
+    o.add_argument("--warmup", type=float, help="warm-up: fraction of steps (<1) or number of steps")
+    o.add_argument("--min-lr-ratio", type=float, help="cosine floor as a fraction of lr (default 0.1)")
+    o.add_argument("--optimizer", choices=("adam", "adamw"))
+    o.add_argument("--weight-decay", type=float)
+    o.add_argument("--grad-clip", type=float, help="clip the global grad norm (default: no clipping)")
+    o.add_argument("--seed", type=int, help="fixes init and data order (default 0)")
+    x = p.add_argument_group("execution")
+    x.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")
+    x.add_argument("--dtype", choices=("auto", "fp32", "bf16"), help="auto = bf16 autocast on CUDA, fp32 on CPU")
+    x.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    x.add_argument("--dist", choices=("none", "ddp", "fsdp"), help="under torchrun: DDP or FSDP2")
+    r = p.add_argument_group("run directory, evaluation, checkpoints")
+    r.add_argument("--out", help="run directory (must not exist unless --resume)")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
+    r.add_argument("--eval-every", type=int, help="steps between held-out evaluations (0 = end only)")
+    r.add_argument("--eval-tokens", type=int, help="held-out tokens per evaluation")
+    r.add_argument("--variance-every", type=int, help="steps between layerwise-variance probes")
+    r.add_argument("--probe-batch-size", type=int, help="sequences in the variance probe batch (default 8)")
+    r.add_argument("--log-every", type=int, help="steps between train lines in metrics.jsonl (default 10)")
+    r.add_argument("--ckpt-every", type=int, help="steps between checkpoints (0 = end only)")
+    r.add_argument("--keep-last", type=int, help="checkpoints kept (default 2)")
+    r.add_argument("--cache-dir", help="tokenizer/token cache (default $DEPTHLAB_CACHE or ~/.cache/depthlab)")
+    r.add_argument("--tensorboard", action="store_true", default=None, help="also log to <out>/tensorboard")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def build_configs(args):
+    """(ModelConfig, TrainConfig, out_dir, resume) from parsed args (saved config when resuming)."""
+    from depthlab.config import ModelConfig, from_preset
+    from depthlab.errors import DepthlabError
+    from depthlab.train import TrainConfig
+
+    resume = args.resume is not None
+    if resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise DepthlabError(f"--out {args.out!r} differs from --resume {args.resume!r}; give one run directory")
+    out = args.resume if resume else args.out
+    if not out:
+        raise DepthlabError("give --out RUN_DIR (or --resume RUN_DIR)")
+    given = {k: getattr(args, k) for k in _TRAIN_FLAGS if getattr(args, k) is not None}
+    for flag in ("pack", "compile", "tensorboard"):
+        if getattr(args, flag) is not None:
+            given[flag] = getattr(args, flag)
+    overrides = _overrides(args.model_set)
+    if resume:
+        cfg_path = Path(out) / "config.json"
+        if not cfg_path.is_file():
+            raise DepthlabError(f"cannot resume {out!r}: no config.json there (not a run directory)")
+        saved = json.loads(cfg_path.read_text())
+        if args.preset or args.scheme or overrides:
+            base = from_preset(args.preset or saved["model"]["name"], **overrides) if args.preset else ModelConfig.from_dict(saved["model"]).replace(**overrides)
+            model_cfg = base.replace(scheme=args.scheme) if args.scheme else base
+            if args.preset and not args.scheme:
+                model_cfg = model_cfg.replace(scheme=saved["model"]["scheme"])
+        else:
+            model_cfg = ModelConfig.from_dict(saved["model"])
+        train_cfg = TrainConfig.from_dict({**saved["train"], **given})
+    else:
+        model_cfg = from_preset(args.preset or "tiny", **overrides)
+        if args.scheme:
+            model_cfg = model_cfg.replace(scheme=args.scheme)
+        train_cfg = TrainConfig(**given)
+    return model_cfg, train_cfg, out, resume
+
+
+def run(args) -> int:
+    from depthlab.train import TrainingDiverged, train
+
+    model_cfg, train_cfg, out, resume = build_configs(args)
+    command = "depthlab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        summary = train(model_cfg, train_cfg, out, resume=resume, quiet=args.quiet, command=command)
+    except TrainingDiverged as err:
+        print(f"depthlab train: error: {err}", file=sys.stderr)
+        return 1
+    import os
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        lv = summary["layer_variance"]
+        print(f"{out}: eval loss {summary['eval_loss']:.4f}, ppl {summary['eval_ppl']:.2f}, "
+              f"last-block variance {lv[-1]:.3g}, {summary['tokens']} tokens in {summary['wall_s']:.1f}s "
+              f"({summary['tokens_per_s']:.0f} tok/s)")
+    return 0
