@@ -69,7 +69,7 @@ def training_args(a: argparse.Namespace, out: Path) -> TrainingArguments:
         warmup_steps=max(1, int(a.warmup * a.steps)), weight_decay=0.0, max_grad_norm=0.0,  # paper: no clipping
         adam_beta1=0.9, adam_beta2=0.95, seed=a.seed, data_seed=a.seed, report_to=[], save_strategy="no",
         logging_steps=max(1, a.steps // 10), bf16=a.bf16, torch_compile=a.compile, **{ckpt: a.grad_ckpt},
-        dataloader_num_workers=0, disable_tqdm=True,
+        dataloader_num_workers=0, dataloader_pin_memory=torch.cuda.is_available(), disable_tqdm=True,
     )
 
 

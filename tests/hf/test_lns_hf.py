@@ -166,6 +166,14 @@ def test_fold_same_logits_and_plain_transformers_reload(tmp_path):
     torch.testing.assert_close(logits(reloaded, ids), patched, rtol=1e-5, atol=1e-5)
 
 
+def test_generate_with_kv_cache_matches_folded_model():
+    hf = apply_layernorm_scaling(tiny())
+    folded = fold_layernorm_scaling(hf)
+    prompt = tokens(batch=1, length=4)
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(hf.generate(prompt, **kw), folded.generate(prompt, **kw))
+
+
 def test_fold_refuses_unpatched_model():
     with pytest.raises(ValueError, match="nothing to fold"):
         fold_layernorm_scaling(tiny())
