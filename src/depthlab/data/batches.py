@@ -50,7 +50,9 @@ def encode_documents(docs: Iterable[str], tokenizer: Tokenizer) -> Iterator[list
 
 def pack_tokens(token_lists: Iterable[Sequence[int]], eos_id: int, window: int) -> np.ndarray:
     """Concatenate documents, each followed by EOS, into rows of ``window`` tokens (tail dropped)."""
-    flat = np.fromiter((t for ids in token_lists for t in (*ids, eos_id)), dtype=np.int64)
+    eos = np.asarray([eos_id], dtype=np.int64)
+    parts = [p for ids in token_lists for p in (np.asarray(ids, dtype=np.int64), eos)]
+    flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     n = len(flat) // window
     return flat[: n * window].reshape(n, window)
 

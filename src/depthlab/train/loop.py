@@ -226,7 +226,8 @@ def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.D
         D.load_full_state_dicts(model, optimizer, data["model"], data["optimizer"])
         set_rng_state(data["rng"])
         start, tokens, wall_before = data["state"]["step"], data["state"]["tokens"], data["state"].get("wall_s", 0.0)
-        log.info("resuming %s from step %d", out, start)
+        if env.is_main:
+            log.info("resuming %s from step %d", out, start)
     last_ckpt = list_checkpoints(out)[-1] if resume else None
     metrics = _Metrics(out / "metrics.jsonl", env.is_main, start if resume else None, cfg.tensorboard)
     autocast = _autocast(cfg, device)

@@ -1,0 +1,69 @@
+"""torchrun --nproc_per_node 2 (gloo, CPU): DDP and FSDP2 match one process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from depthlab.cli import main
+
+ARGS = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64", "--tokenizer", "bytes",
+        "--steps", "4", "--batch-size", "8", "--micro-batch-size", "2", "--seq-len", "32", "--eval-tokens", "512",
+        "--log-every", "1", "--ckpt-every", "2", "--variance-every", "2", "-q"]
+
+
+def _torchrun(args, env):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "depthlab", "train", *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _losses(run):
+    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    return [l["loss"] for l in lines if "loss" in l]
+
+
+def _weights(run, step=4):
+    return load_file(str(run / "checkpoint" / f"step-{step:08d}" / "model.safetensors"))
+
+
+def _assert_same_weights(a, b, what):
+    assert set(a) == set(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=f"{what}: {k}")
+
+
+@pytest.mark.dist
+def test_torchrun_fsdp_and_ddp_match_single_process(tmp_path):
+    """Single process (accumulating 4 micro-batches) vs 2 ranks x 2 micro-batches, same global batch:
+    FSDP2 from scratch, then DDP resuming FSDP's step-2 checkpoint (checkpoints are full state dicts)."""
+    data = tmp_path / "corpus.jsonl"
+    data.write_text("\n".join(json.dumps({"text": f"Verse {i}: and it came to pass " * (1 + i % 7)}) for i in range(400)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DEPTHLAB_CACHE": os.environ["DEPTHLAB_CACHE"]}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    base = [*ARGS, "--data", str(data)]
+    single = tmp_path / "single"
+    assert main(["train", *base, "--out", str(single)]) == 0
+    ref_losses, ref_w = _losses(single), _weights(single)
+
+    fsdp = tmp_path / "fsdp"
+    _torchrun([*base, "--dist", "fsdp", "--out", str(fsdp)], env)
+    assert _losses(fsdp) == pytest.approx(ref_losses, rel=1e-6, abs=1e-6)
+    _assert_same_weights(_weights(fsdp), ref_w, "fsdp")
+    assert json.loads((fsdp / "summary.json").read_text())["tokens"] == 4 * 8 * 32
+
+    ddp = tmp_path / "ddp"
+    shutil.copytree(fsdp, ddp)
+    shutil.rmtree(ddp / "checkpoint" / "step-00000004")
+    _torchrun(["--resume", str(ddp), "--dist", "ddp", "-q"], env)
+    assert _losses(ddp) == pytest.approx(ref_losses, rel=1e-6, abs=1e-6)
+    _assert_same_weights(_weights(ddp), ref_w, "ddp")
