@@ -130,6 +130,14 @@ def test_apply_twice_raises_and_remove_restores():
         remove_layernorm_scaling(hf)
 
 
+def test_unknown_marker_version_is_an_error_not_overwritten():
+    hf = tiny()
+    setattr(hf.config, CONFIG_KEY, {"position": "after-norm", "version": 99})
+    with pytest.raises(ValueError, match="version 1"):
+        apply_layernorm_scaling(hf)
+    assert not is_layernorm_scaled(hf)
+
+
 def test_state_dict_keys_unchanged():
     hf = tiny()
     keys = list(hf.state_dict())
