@@ -146,3 +146,23 @@ def test_bad_input_raises_depthlab_error(tmp_path, case):
     assert len(str(err.value).splitlines()) == 1
     if case == "no_field":
         assert "'text'" in str(err.value) and "content" in str(err.value)
+
+
+def test_streaming_sequences_resume_and_rank_sharding(tmp_path):
+    from depthlab.data.batches import StreamingSequences
+
+    tok = ByteTokenizer()
+    p = tmp_path / "a.txt"
+    p.write_text("\n\n".join(f"paragraph {i} " * (1 + i % 5) for i in range(300)))
+    straight = StreamingSequences(str(p), tok, 16)
+    batches = [straight.rank_batch(s, 4) for s in range(4)]
+    resumed = StreamingSequences(str(p), tok, 16)
+    assert torch.equal(resumed.rank_batch(2, 4)[0], batches[2][0])  # skips what was consumed
+    # packed stream = packed documents in order
+    rows = pack_tokens((tok.encode(d) for d in iter_documents(str(p))), tok.eos_id, 17)
+    assert torch.equal(batches[0][0], torch.tensor(rows[:4, :-1]))
+    # two ranks get disjoint halves of the documents
+    r0 = StreamingSequences(str(p), tok, 16, pack=False, rank=0, world_size=2).rank_batch(0, 8, 0, 2)[0]
+    r1 = StreamingSequences(str(p), tok, 16, pack=False, rank=1, world_size=2).rank_batch(0, 8, 1, 2)[0]
+    docs = list(iter_documents(str(p)))
+    assert tok.decode(r0[0].tolist()).startswith(docs[0][:10]) and tok.decode(r1[0].tolist()).startswith(docs[1][:10])

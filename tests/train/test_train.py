@@ -41,7 +41,8 @@ class _StopAt:
             raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(pack=False, micro_batch_size=2, grad_clip=1.0)], ids=["packed", "padded-accum-clip"])
+@pytest.mark.parametrize("kw", [dict(), dict(pack=False, micro_batch_size=2, grad_clip=1.0), dict(streaming=True)],
+                         ids=["packed", "padded-accum-clip", "streaming"])
 def test_resume_gives_identical_losses(tmp_path, kw):
     straight = _StopAt()
     s1 = train(small_model(), small_train(**kw), tmp_path / "a", progress=straight, quiet=True)

@@ -63,6 +63,8 @@ def register(subparsers) -> None:
     d.add_argument("--seq-len", type=int, help="tokens per sequence")
     d.add_argument("--no-pack", dest="pack", action="store_false", default=None,
                    help="pad each document instead of packing (pad positions masked)")
+    d.add_argument("--streaming", action="store_true", default=None,
+                   help="tokenize on the fly in stream order (default for hf: data; for corpora larger than memory)")
     o = p.add_argument_group("optimisation")
     o.add_argument("--batch-size", type=int, help="global batch in sequences")
     o.add_argument("--micro-batch-size", type=int, help="sequences per rank per forward (gradient accumulation)")
@@ -108,7 +110,7 @@ def build_configs(args):
     if not out:
         raise DepthlabError("give --out RUN_DIR (or --resume RUN_DIR)")
     given = {k: getattr(args, k) for k in _TRAIN_FLAGS if getattr(args, k) is not None}
-    for flag in ("pack", "compile", "tensorboard"):
+    for flag in ("pack", "streaming", "compile", "tensorboard"):
         if getattr(args, flag) is not None:
             given[flag] = getattr(args, flag)
     overrides = _overrides(args.model_set)

@@ -149,9 +149,74 @@ class TokenSequences:
         rows = np.asarray(self.rows[np.sort(idx)])[np.argsort(np.argsort(idx))]  # memmap-friendly fancy index
         return inputs_and_labels(rows, None if self.lengths is None else self.lengths[idx])
 
+    def rank_batch(self, step: int, batch_size: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share (batch_size // world_size sequences) of global batch ``step`` (0-based):
+        rank r takes the r-th slice, so N ranks together see exactly one process's batch."""
+        per = batch_size // world_size
+        return self.batch(step * batch_size + rank * per, per)
+
     @property
     def n_tokens(self) -> int:
         return int(self.lengths.sum()) if self.lengths is not None else self.rows.size
+
+
+class StreamingSequences:
+    """Sequences made on the fly from a document stream too large to hold (``hf:`` data).
+
+    Documents are dealt to ranks round-robin (document ``i`` to rank ``i mod world_size``); each rank
+    packs (or pads) its own share in stream order, without shuffling (streamed corpora such as C4
+    come shuffled). Access must move forward; resuming skips the sequences already consumed. At the
+    end of the stream it starts over (a new epoch). Runs on different world sizes therefore see
+    different batches: for exact parity across world sizes, tokenize to shards (``depthlab tokenize``).
+    """
+
+    def __init__(self, spec: str, tokenizer: Tokenizer, seq_len: int, *, split: str = "train", pack: bool = True,
+                 text_field: str = "text", rank: int = 0, world_size: int = 1) -> None:
+        self.spec, self.tokenizer, self.window, self.split, self.pack = spec, tokenizer, seq_len + 1, split, pack
+        self.text_field, self.rank, self.world_size = text_field, rank, world_size
+        iter_documents(spec, split, text_field)  # fail early on a bad spec
+        self.pos, self.epoch = 0, 0
+        self._rows = self._generate()
+
+    def __len__(self) -> int:
+        return 0  # unknown
+
+    def _docs(self) -> Iterator[list[int]]:
+        docs = islice(iter_documents(self.spec, self.split, self.text_field), self.rank, None, self.world_size)
+        return encode_documents(docs, self.tokenizer)
+
+    def _generate(self) -> Iterator[tuple[list[int], int]]:
+        eos, pad, W = self.tokenizer.eos_id, self.tokenizer.pad_id, self.window
+        while True:
+            produced, buf = 0, []
+            for ids in self._docs():
+                if self.pack:
+                    buf.extend(ids)
+                    buf.append(eos)
+                    while len(buf) >= W:
+                        produced += 1
+                        yield buf[:W], W
+                        del buf[:W]
+                else:
+                    seq = (list(ids) + [eos])[:W]
+                    produced += 1
+                    yield seq + [pad] * (W - len(seq)), len(seq)
+            if produced == 0:
+                raise DepthlabError(f"data {self.spec!r} gives rank {self.rank} no {self.split} sequence of {W} tokens")
+            self.epoch += 1
+            log.info("%s: starting epoch %d of the stream", self.spec, self.epoch)
+
+    def rank_batch(self, step: int, batch_size: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        per = batch_size // world_size
+        target = step * per
+        if target < self.pos:
+            raise RuntimeError(f"streaming data cannot go back (at sequence {self.pos}, asked for {target})")
+        for _ in range(target - self.pos):  # resume: skip what was consumed
+            next(self._rows)
+        rows = [next(self._rows) for _ in range(per)]
+        self.pos = target + per
+        arr = np.asarray([r for r, _ in rows], dtype=np.int64)
+        return inputs_and_labels(arr, None if self.pack else np.asarray([n for _, n in rows]))
 
 
 def _local_fingerprint(spec: str) -> str | None:
@@ -204,41 +269,33 @@ def load_sequences(
     seed: int = 0,
     text_field: str = "text",
     cache_dir=None,
-    max_tokens: int | None = None,
-) -> TokenSequences:
+    streaming: bool | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> TokenSequences | StreamingSequences:
     """Every window of ``seq_len + 1`` tokens of a split (packed) or one padded row per document.
 
-    Local corpora and token shards are read in full (shards memory-mapped); ``hf:`` streams are read
-    up to ``max_tokens`` tokens (for data larger than memory, write shards with ``depthlab tokenize``).
+    Local corpora are tokenized in full (and cached); token shards are memory-mapped; ``hf:`` data
+    (or ``streaming=True``) is streamed by :class:`StreamingSequences`. Both kinds serve
+    ``rank_batch(step, batch_size, rank, world_size)``.
     """
     window = seq_len + 1
+    if streaming or (streaming is None and spec.startswith("hf:")):
+        return StreamingSequences(spec, tokenizer, seq_len, split=split, pack=pack, text_field=text_field,
+                                  rank=rank, world_size=world_size)
     if is_shard_dir(spec):
         if not pack:
             raise DepthlabError(f"token shards {spec!r} are packed; --no-pack needs documents, not shards")
         flat = shard_tokens(spec, split)
         n = len(flat) // window
         return TokenSequences(flat[: n * window].reshape(n, window), None, seed)
-    if spec.startswith("hf:"):
-        docs: Iterable = encode_documents(iter_documents(spec, split, text_field), tokenizer)
-        if max_tokens is not None:
-            docs = _take_tokens(docs, max_tokens)
-    else:
-        docs = _cached_encode(spec, split, tokenizer, text_field, cache_dir)
-        if not docs:
-            raise DepthlabError(f"data {spec!r} has no documents in its {split} split")
+    docs = _cached_encode(spec, split, tokenizer, text_field, cache_dir)
+    if not docs:
+        raise DepthlabError(f"data {spec!r} has no documents in its {split} split")
     if pack:
         return TokenSequences(pack_tokens(docs, tokenizer.eos_id, window), None, seed)
     rows, lengths = pad_tokens(docs, tokenizer.eos_id, tokenizer.pad_id, window)
     return TokenSequences(rows, lengths, seed)
-
-
-def _take_tokens(docs: Iterable[list[int]], max_tokens: int) -> Iterator[list[int]]:
-    total = 0
-    for ids in docs:
-        yield ids
-        total += len(ids) + 1
-        if total >= max_tokens:
-            return
 
 
 # ---------------------------------------------------------------------- evaluation batches

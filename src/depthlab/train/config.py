@@ -52,6 +52,7 @@ class TrainConfig:
     tokenizer: str | None = None  # bytes | bpe:N | hf:NAME_OR_PATH; None = bpe:4096 (shards: their own)
     seq_len: int | None = None  # tokens per training sequence (paper: 256)
     pack: bool = True  # pack documents with an EOS separator; False = pad each document (official code)
+    streaming: bool | None = None  # tokenize on the fly, in stream order; None = only for hf: data
     # ---- batch and schedule
     batch_size: int | None = None  # global batch, in sequences (paper: 512)
     micro_batch_size: int | None = None  # sequences per rank per forward; None = batch_size // world_size

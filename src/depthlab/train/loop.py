@@ -37,7 +37,7 @@ from depthlab.train.optim import build_optimizer, lr_at, set_lr
 log = logging.getLogger(__name__)
 
 #: TrainConfig fields that must match to resume a run (they fix the data order and the update rule).
-RESUME_KEYS = ("data", "val_data", "text_field", "tokenizer", "seq_len", "pack", "batch_size", "steps", "lr",
+RESUME_KEYS = ("data", "val_data", "text_field", "tokenizer", "seq_len", "pack", "streaming", "batch_size", "steps", "lr",
                "warmup", "min_lr_ratio", "optimizer", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip", "seed")
 
 
@@ -189,7 +189,8 @@ def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.D
     for turn in (0, 1):
         if (turn == 0) == env.is_main:
             seqs = load_sequences(cfg.data, tok, T, split="train", pack=cfg.pack, seed=cfg.seed,
-                                  text_field=cfg.text_field, cache_dir=cfg.cache_dir, max_tokens=cfg.steps * B * (T + 1))
+                                  text_field=cfg.text_field, cache_dir=cfg.cache_dir, streaming=cfg.streaming,
+                                  rank=env.rank, world_size=world)
         D.barrier(env)
     val_spec, val_split = (cfg.val_data, "all") if cfg.val_data else (cfg.data, "val")
     eval_batches = [b for b in eval_token_batches(val_spec, tok, cfg.eval_tokens, T + 1, cfg.eval_batch_size,
@@ -275,8 +276,8 @@ def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.D
     bar = tqdm(total=cfg.steps, initial=start, disable=quiet or not env.is_main or not sys.stderr.isatty(),
                file=sys.stderr, dynamic_ncols=True, unit="step")
     log_level = logging.DEBUG if quiet else logging.INFO
-    log.log(log_level, "training %s (%s, %.2fM params) for %d steps: batch %d x %d tokens, lr %g, %d train sequences",
-            model_cfg.name, model_cfg.scheme, model.num_params() / 1e6, cfg.steps, B, T, cfg.lr, len(seqs))
+    log.log(log_level, "training %s (%s, %.2fM params) for %d steps: batch %d x %d tokens, lr %g, %s train sequences",
+            model_cfg.name, model_cfg.scheme, model.num_params() / 1e6, cfg.steps, B, T, cfg.lr, len(seqs) or 'streamed')
     t_loop = time.perf_counter()
     module.train()
     if start == 0 and cfg.variance_every:
@@ -289,9 +290,8 @@ def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.D
             t0 = time.perf_counter()
             lr = lr_at(step - 1, cfg)
             set_lr(optimizer, lr)
-            x, y = seqs.batch((step - 1) * B, B)  # the whole global batch; this rank takes its slice
-            n_global = int((y != -100).sum())
-            x, y = x[env.rank * B // world:(env.rank + 1) * B // world], y[env.rank * B // world:(env.rank + 1) * B // world]
+            x, y = seqs.rank_batch(step - 1, B, env.rank, world)  # this rank's slice of the global batch
+            n_global = int(D.all_reduce_sum(torch.tensor((y != -100).sum().item(), dtype=torch.int64), env))
             loss_sum = torch.zeros((), dtype=torch.float64)
             for m in range(accum):
                 xm, ym = x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
