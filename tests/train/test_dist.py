@@ -16,7 +16,7 @@ from depthlab.cli import main
 
 ARGS = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64", "--tokenizer", "bytes",
         "--steps", "4", "--batch-size", "8", "--micro-batch-size", "2", "--seq-len", "32", "--eval-tokens", "512",
-        "--log-every", "1", "--ckpt-every", "2", "--variance-every", "2", "-q"]
+        "--log-every", "1", "--ckpt-every", "2", "--variance-every", "2", "--no-plots", "-q"]
 
 
 def _torchrun(args, env):

@@ -224,6 +224,21 @@ def test_cli_train_and_resume(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", *_SMALL, "--tokenizer", "bytes", "--out", str(out)]) == 0
     assert (out / "summary.json").is_file()
+    assert (out / "layer_variance.png").stat().st_size > 0 and (out / "loss.png").stat().st_size > 0
     assert main(["train", "--resume", str(out), "--scheme", "lns"]) == 2
     assert "scheme" in capsys.readouterr().err
     assert main(["train", "--resume", str(out), "-q"]) == 0
+
+
+def test_cli_tokenize_then_train_on_shards(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"text": f"document {i} " * 20}) for i in range(300)))
+    shards = tmp_path / "shards"
+    assert main(["tokenize", "--data", str(data), "--tokenizer", "bytes", "--out", str(shards)]) == 0
+    assert (shards / "train.bin").stat().st_size > 0 and (shards / "val.bin").stat().st_size > 0
+    assert main(["tokenize", "--data", str(data), "--out", str(shards)]) == 2  # never over an existing dir
+    out = tmp_path / "run"
+    assert main(["train", *_SMALL, "--data", str(shards), "--no-plots", "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["train"]["tokenizer"] == "bytes"
+    assert main(["train", *_SMALL, "--data", str(shards), "--tokenizer", "bpe:300", "--out", str(tmp_path / "r2")]) == 2
+    assert "shards" in capsys.readouterr().err

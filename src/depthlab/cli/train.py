@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ examples:
       --data hf:allenai/c4:en --tokenizer hf:t5-base --seq-len 256 --batch-size 512 --dist fsdp --out runs/130m
 
 Unset options take the preset's defaults (SPEC.md §4: lr, steps, warm-up, seq len 256, batch 512;
-tiny: CPU-sized). Outputs in --out: config.json, tokenizer/, metrics.jsonl, summary.json, checkpoint/.
+tiny: CPU-sized). Outputs in --out: config.json, tokenizer/, metrics.jsonl, summary.json, checkpoint/,
+layer_variance.png and loss.png.
 """
 
 
@@ -93,6 +95,7 @@ def register(subparsers) -> None:
     r.add_argument("--keep-last", type=int, help="checkpoints kept (default 2)")
     r.add_argument("--cache-dir", help="tokenizer/token cache (default $DEPTHLAB_CACHE or ~/.cache/depthlab)")
     r.add_argument("--tensorboard", action="store_true", default=None, help="also log to <out>/tensorboard")
+    r.add_argument("--no-plots", action="store_true", help="skip layer_variance.png / loss.png in the run directory")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -145,9 +148,11 @@ def run(args) -> int:
     except TrainingDiverged as err:
         print(f"depthlab train: error: {err}", file=sys.stderr)
         return 1
-    import os
-
     if int(os.environ.get("RANK", "0")) == 0:
+        if not args.no_plots:
+            from depthlab.plots.training import run_figures
+
+            run_figures(out)
         lv = summary["layer_variance"]
         print(f"{out}: eval loss {summary['eval_loss']:.4f}, ppl {summary['eval_ppl']:.2f}, "
               f"last-block variance {lv[-1]:.3g}, {summary['tokens']} tokens in {summary['wall_s']:.1f}s "
