@@ -242,3 +242,32 @@ def test_cli_tokenize_then_train_on_shards(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["train"]["tokenizer"] == "bytes"
     assert main(["train", *_SMALL, "--data", str(shards), "--tokenizer", "bpe:300", "--out", str(tmp_path / "r2")]) == 2
     assert "shards" in capsys.readouterr().err
+
+
+def test_same_seed_same_data_and_init_whatever_the_scheme(tmp_path, monkeypatch):
+    """compare relies on it: pre and lns runs see the same batches and start from the same weights."""
+    from depthlab.data.batches import TokenSequences
+    import depthlab.train.loop as loop
+
+    seen, inits = {}, {}
+    real_batch, real_build = TokenSequences.rank_batch, loop.build_model
+
+    def spy_batch(self, step, *a, **k):
+        out = real_batch(self, step, *a, **k)
+        seen.setdefault(current["scheme"], []).append(out[0].clone())
+        return out
+
+    def spy_build(cfg, device=None):
+        model = real_build(cfg, device)
+        inits[cfg.scheme] = {k: v.clone() for k, v in model.state_dict().items()}
+        return model
+
+    monkeypatch.setattr(TokenSequences, "rank_batch", spy_batch)
+    monkeypatch.setattr(loop, "build_model", spy_build)
+    current = {}
+    for scheme in ("pre", "lns"):
+        current["scheme"] = scheme
+        train(small_model(scheme=scheme), small_train(steps=2, ckpt_every=0, eval_every=0), tmp_path / scheme, quiet=True)
+    assert all(torch.equal(a, b) for a, b in zip(seen["pre"], seen["lns"])) and len(seen["pre"]) == 2
+    assert inits["pre"].keys() == inits["lns"].keys()
+    assert all(torch.equal(inits["pre"][k], inits["lns"][k]) for k in inits["pre"])

@@ -193,6 +193,8 @@ def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.D
                                   rank=env.rank, world_size=world)
         D.barrier(env)
     val_spec, val_split = (cfg.val_data, "all") if cfg.val_data else (cfg.data, "val")
+    if cfg.val_data and is_shard_dir(cfg.val_data):
+        val_split = "val"  # token shards keep their own held-out split
     eval_batches = [b for b in eval_token_batches(val_spec, tok, cfg.eval_tokens, T + 1, cfg.eval_batch_size,
                                                   split=val_split, text_field=cfg.text_field)]
     if not eval_batches:
@@ -285,6 +287,7 @@ def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.D
     eval_rec: dict[str, Any] = {}
     var_rec: list[float] | None = None
     win_tokens, win_time, step_rec = 0, 0.0, {}
+    session_tokens, session_time = 0, 0.0  # optimizer steps only (no eval / probe / checkpoint time)
     try:
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
@@ -318,6 +321,7 @@ def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.D
             tokens += n_global
             dt = time.perf_counter() - t0
             win_tokens, win_time = win_tokens + n_global, win_time + dt
+            session_tokens, session_time = session_tokens + n_global, session_time + dt
             step_rec = {"step": step, "loss": step_loss, "lr": lr, "tokens": tokens,
                         "tokens_per_s": win_tokens / max(win_time, 1e-9)}
             if grad_norm is not None:
@@ -352,6 +356,7 @@ def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.D
         "eval_loss": eval_rec["eval_loss"], "eval_ppl": eval_rec["eval_ppl"],
         "layer_variance": var_rec if var_rec is not None else layer_variance(),
         "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / max(wall, 1e-9),
+        "step_tokens_per_s": session_tokens / session_time if session_time else None,
         "setup_s": time.perf_counter() - t_start - (wall - wall_before),
     }
     if env.is_main:
