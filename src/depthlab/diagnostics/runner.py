@@ -39,8 +39,8 @@ class DiagnoseOptions:
     batch_size: int = 8  # sequences per forward
     removal: bool = True  # the layer-removal sweep (causal LMs only)
     jacobian: bool = True  # block Jacobians
-    jac_samples: int = 8  # sampled tokens per block
-    jac_context: int = 64  # sampled positions lie in [0, jac_context): the cost grows with it
+    jac_samples: int = 4  # sampled tokens per block
+    jac_context: int = 32  # sampled positions lie in [0, jac_context): the cost grows with it
     jac_layers: list[int] | None = None  # blocks (1-based) to differentiate; None = all
     heatmap_layers: list[int] | None = None  # blocks whose mean Jacobian is drawn; None = 4 spread out
     heatmap_dims: int = 64  # top-left corner of the D x D matrix shown

@@ -23,7 +23,8 @@ def removable_blocks(removal: dict[str, Any], budget: float,
                      joint_loss: Callable[[list[int]], float] | None = None) -> dict[str, Any]:
     """The largest k such that removing the k blocks with the smallest single-removal loss increase
     keeps the loss within ``budget`` nats of the full model. With ``joint_loss`` (loss with a set of
-    blocks removed together) k is found by bisection on the real joint loss (log2 L passes);
+    blocks removed together) k is found by galloping + bisection on the real joint loss (about
+    2 log2 k passes, one when no block fits);
     without it, the single-removal increases are summed (an estimate)."""
     base, delta = removal["base_loss"], removal["delta_loss"]
     order = [l for _, l in sorted((d, l) for l, d in enumerate(delta, start=1))]
@@ -42,7 +43,13 @@ def removable_blocks(removal: dict[str, Any], budget: float,
             cache[k] = joint_loss(order[:k])
         return cache[k]
 
-    lo, hi = 0, len(order) - 1  # never remove every block; invariant: loss(lo) within budget
+    # gallop up from k = 1 (one pass when nothing fits), then bisect; never remove every block
+    top = len(order) - 1
+    lo, step = 0, 1
+    while lo < top and loss(min(lo + step, top)) - base <= budget:
+        lo = min(lo + step, top)
+        step *= 2
+    hi = min(lo + step, top) - 1 if lo < top else lo  # loss(hi + 1) is over budget (or hi = top)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if loss(mid) - base <= budget:
