@@ -124,7 +124,7 @@ def test_token_shards(tmp_path):
     assert list(eval_token_batches(str(tmp_path / "shards"), tok, 100, 16, 2))
 
 
-@pytest.mark.parametrize("case", ["missing", "empty_dir", "no_field", "bad_utf8", "bad_tok", "bad_bpe", "bad_split"])
+@pytest.mark.parametrize("case", ["missing", "empty_dir", "no_field", "bad_utf8", "bad_tok", "bad_bpe", "bad_split", "bad_hf"])
 def test_bad_input_raises_depthlab_error(tmp_path, case):
     with pytest.raises(DepthlabError) as err:
         if case == "missing":
@@ -141,6 +141,8 @@ def test_bad_input_raises_depthlab_error(tmp_path, case):
             build_tokenizer("wordpiece")
         elif case == "bad_bpe":
             build_tokenizer("bpe:lots", ["x"])
+        elif case == "bad_hf":
+            build_tokenizer("hf:")
         else:
             list(iter_documents("builtin", "test"))
     assert len(str(err.value).splitlines()) == 1

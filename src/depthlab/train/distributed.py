@@ -112,8 +112,14 @@ def grad_sync(module: nn.Module, env: DistEnv, sync: bool) -> Iterator[None]:
 
 
 def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum ``t`` over ranks in place (a CPU tensor goes through the GPU under NCCL)."""
     if env.active and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        if dist.get_backend() == "nccl" and t.device.type != "cuda":
+            on_gpu = t.to(torch.device("cuda", torch.cuda.current_device()))
+            dist.all_reduce(on_gpu, op=dist.ReduceOp.SUM)
+            t.copy_(on_gpu.cpu())
+        else:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 
