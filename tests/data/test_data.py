@@ -168,3 +168,18 @@ def test_streaming_sequences_resume_and_rank_sharding(tmp_path):
     r1 = StreamingSequences(str(p), tok, 16, pack=False, rank=1, world_size=2).rank_batch(0, 8, 1, 2)[0]
     docs = list(iter_documents(str(p)))
     assert tok.decode(r0[0].tolist()).startswith(docs[0][:10]) and tok.decode(r1[0].tolist()).startswith(docs[1][:10])
+
+
+def test_hf_tokenizer_from_local_directory(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    docs = list(iter_documents("builtin", "train"))[:40]
+    bpe = build_tokenizer("bpe:300", docs, cache_dir=tmp_path)
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe.tok, eos_token="<|endoftext|>")  # no pad token
+    fast.save_pretrained(tmp_path / "hf")
+    tok = build_tokenizer(f"hf:{tmp_path / 'hf'}")
+    text = "And God said, Let there be light: and there was light."
+    assert tok.encode(text) == bpe.encode(text) and tok.encode_batch([text, text]) == [bpe.encode(text)] * 2
+    assert tok.eos_id == bpe.eos_id and tok.pad_id == tok.eos_id and tok.vocab_size == 300
+    tok.save(tmp_path / "saved")
+    assert load_tokenizer(tmp_path / "saved").encode(text) == tok.encode(text)

@@ -146,10 +146,10 @@ class AutoTokenizerWrapper(Tokenizer):
         self.pad_id = int(tok.pad_token_id) if tok.pad_token_id is not None else self.eos_id
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False)
+        return self.tok.encode(text, add_special_tokens=False, verbose=False)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.tok(list(texts), add_special_tokens=False)["input_ids"]
+        return self.tok(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids))

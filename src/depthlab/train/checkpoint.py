@@ -52,14 +52,18 @@ def _fsync(path: Path) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+    """Every RNG's state as tensors and plain containers (loadable with ``weights_only=True``)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+            "python": list(random.getstate()[1]), "python_version": random.getstate()[0],
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    random.setstate((state["python_version"], tuple(state["python"]), None))
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -156,8 +160,8 @@ def read_checkpoint(ckpt: Path, with_optimizer: bool = True) -> dict[str, Any]:
         "config": json.loads((ckpt / "config.json").read_text()),
     }
     if with_optimizer:
-        out["optimizer"] = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=False)
-        out["rng"] = torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=False)
+        out["optimizer"] = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
+        out["rng"] = torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=True)
     return out
 
 
