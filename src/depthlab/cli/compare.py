@@ -1,0 +1,90 @@
+"""``depthlab compare``: train several schemes identically, diagnose each, report side by side."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+USAGE = """\
+examples:
+  depthlab compare --schemes pre,lns --preset tiny --steps 300 --out cmp/tiny
+  depthlab compare --schemes pre,lns,mix,post --preset llama-71m --data my.jsonl --steps 5000 --out cmp/71m
+  depthlab compare --schemes pre,lns --seeds 0,1,2 --set n_layers=24 --out cmp/deep
+
+Every scheme gets the same seed, data order, token budget and hyper-parameters. Writes summary.json,
+summary.md (the paper's Table 1 shape), figures and report.html in --out; runs/<scheme>-seed<k>/ holds
+each run with its diagnostics. Run the same command again to resume an interrupted compare.
+"""
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _seeds(text: str) -> list[int]:
+    from depthlab.errors import DepthlabError
+
+    try:
+        return [int(t) for t in _csv(text)]
+    except ValueError:
+        raise DepthlabError(f"--seeds expects comma-separated integers, got {text!r}") from None
+
+
+def add_shared_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags shared by ``compare`` and ``demo``."""
+    p.add_argument("--data", default="builtin", help="training corpus (default builtin: the King James Bible)")
+    p.add_argument("--tokenizer", help="bytes | bpe:N | hf:NAME (default bpe:4096)")
+    p.add_argument("--steps", type=int, help="optimizer steps per run (default: the preset's)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence")
+    p.add_argument("--batch-size", type=int, help="global batch in sequences")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
+    p.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated seeds, one run per scheme each (default 0)")
+    p.add_argument("--diag-tokens", type=int, default=16384, help="held-out tokens for the diagnostics (default 16384)")
+    p.add_argument("--no-jacobian", dest="jacobian", action="store_false", help="skip block Jacobians")
+    p.add_argument("--device", help="cpu | cuda (default: cuda when available)")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("compare", help="train + diagnose several schemes side by side (paper Table 1)",
+                              description=__doc__ + "\n\n" + USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--schemes", type=_csv, required=True, help="comma-separated schemes, e.g. pre,lns,mix,post")
+    p.add_argument("--preset", default="tiny", help="model preset (default tiny)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="model_set",
+                   help="override a ModelConfig field for every run, e.g. --set n_layers=24")
+    add_shared_arguments(p)
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=main)
+
+
+def build_config(args, schemes: list[str], preset: str, model_set: list[str] | None):
+    from depthlab.cli.train import _overrides
+    from depthlab.compare import CompareConfig
+    from depthlab.diagnostics import DiagnoseOptions
+    from depthlab.train import TrainConfig
+
+    train = TrainConfig(data=args.data, tokenizer=args.tokenizer, steps=args.steps, seq_len=args.seq_len,
+                        batch_size=args.batch_size, lr=args.lr, device=args.device)
+    diag = DiagnoseOptions(tokens=args.diag_tokens, jacobian=args.jacobian, progress=False)
+    return CompareConfig(schemes=schemes, preset=preset, model_overrides=_overrides(model_set), seeds=args.seeds,
+                         train=train, diagnose=diag)
+
+
+def run_and_print(cfg, out: str, command: str) -> int:
+    import logging
+
+    from depthlab.compare import compare, markdown_table
+
+    def progress(scheme: str, seed: int, row: dict) -> None:
+        logging.getLogger("depthlab").info("done %s seed %d: held-out loss %.4f, ppl %.2f", scheme, seed,
+                                           row["eval_loss"], row["eval_ppl"])
+
+    result = compare(cfg, out, command=command, on_run=progress)
+    print(markdown_table(result["table"]))
+    print(f"\nreport: {out.rstrip('/')}/report.html   (table: summary.md, numbers: summary.json)")
+    return 0
+
+
+def main(args) -> int:
+    command = "depthlab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    return run_and_print(build_config(args, args.schemes, args.preset, args.model_set), args.out, command)

@@ -1,0 +1,232 @@
+"""``compare``: train every scheme the same way, diagnose each, and put them side by side.
+
+    from depthlab.compare import CompareConfig, compare
+    result = compare(CompareConfig(schemes=["pre", "lns"], preset="tiny"), "cmp/")
+
+Layout of the output directory::
+
+    compare.json              the resolved settings (provenance; a resumed compare must match them)
+    runs/<scheme>-seed<k>/    one training run each (config, metrics, checkpoint) + diagnostics/
+    summary.json, summary.md  the table (paper Table 1/6/7 shape), per seed and aggregated
+    *.png, report.html        figures and one self-contained page
+
+Every scheme gets the same seed, data order, token budget and hyper-parameters: only
+``ModelConfig.scheme`` differs. Finished runs and diagnoses are reused, so an interrupted compare
+picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from depthlab.config import PRESETS, from_preset
+from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target, write_report
+from depthlab.errors import DepthlabError, choices
+from depthlab.schemes import SCHEMES
+from depthlab.train import TrainConfig, list_checkpoints, train
+
+log = logging.getLogger(__name__)
+
+#: Columns of the table: key -> (header, format, paper reference).
+COLUMNS: dict[str, tuple[str, str]] = {
+    "eval_loss": ("held-out loss", "{:.4f}"),
+    "eval_ppl": ("perplexity", "{:.2f}"),
+    "delta_ppl_vs_pre": ("Δ ppl vs pre", "{:+.2f}"),
+    "last_layer_variance": ("last-block output variance", "{:.3g}"),
+    "deep_angular": ("angular dist. deepest third", "{:.3f}"),
+    "deep_removal_drop": ("removal Δloss deepest third", "{:.4f}"),
+}
+
+
+@dataclass
+class CompareConfig:
+    schemes: list[str]  # scheme names, e.g. ["pre", "lns"]; "pre" is the reference for deltas
+    preset: str = "tiny"  # model preset shared by every run
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields to change (not scheme)
+    seeds: list[int] = field(default_factory=lambda: [0])  # one run per scheme and seed
+    train: TrainConfig = field(default_factory=TrainConfig)  # shared training settings (seed set per run)
+    diagnose: DiagnoseOptions = field(default_factory=lambda: DiagnoseOptions(tokens=16384, progress=False))
+
+    def validate(self) -> None:
+        if not self.schemes:
+            raise DepthlabError(f"no schemes to compare; {choices(SCHEMES)}")
+        for s in self.schemes:
+            if s not in SCHEMES:
+                raise DepthlabError(f"unknown scheme {s!r}; {choices(SCHEMES)}")
+        dupes = sorted({s for s in self.schemes if self.schemes.count(s) > 1})
+        if dupes:
+            raise DepthlabError(f"scheme(s) listed twice: {', '.join(dupes)}; list each scheme once")
+        if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
+            raise DepthlabError(f"seeds must be distinct and non-empty, got {self.seeds}")
+        if self.preset not in PRESETS:
+            raise DepthlabError(f"unknown preset {self.preset!r}; {choices(PRESETS)}")
+        if "scheme" in self.model_overrides:
+            raise DepthlabError("model_overrides may not set 'scheme': list schemes in `schemes`")
+        if self.train.steps is not None and self.train.steps < 1:
+            raise DepthlabError(f"steps must be a positive integer, got {self.train.steps}")
+        for scheme in self.schemes:  # every model config must be valid before anything is trained
+            self.train.resolve(self.model_config(scheme))
+
+    def model_config(self, scheme: str):
+        return from_preset(self.preset, scheme=scheme, **self.model_overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["diagnose"].pop("progress", None)  # display only
+        return d
+
+
+def run_name(scheme: str, seed: int) -> str:
+    return f"{scheme}-seed{seed}"
+
+
+# ------------------------------------------------------------------------------------- running
+def _train_run(cfg: CompareConfig, scheme: str, seed: int, run_dir: Path, quiet: bool, command: str | None) -> dict:
+    if (run_dir / "summary.json").is_file():
+        log.info("%s: already trained, reusing %s", run_name(scheme, seed), run_dir)
+        return json.loads((run_dir / "summary.json").read_text())
+    resume = (run_dir / "config.json").is_file() and bool(list_checkpoints(run_dir))
+    if run_dir.exists() and not resume:
+        shutil.rmtree(run_dir)  # a run that died before its first checkpoint: nothing to keep
+    log.info("%s: %s", run_name(scheme, seed), "resuming" if resume else "training")
+    return train(cfg.model_config(scheme), cfg.train.replace(seed=seed), run_dir, resume=resume, quiet=quiet,
+                 command=command)
+
+
+def _diagnose_run(cfg: CompareConfig, run_dir: Path, command: str | None) -> dict:
+    out = run_dir / "diagnostics"
+    if (out / "report.json").is_file():
+        return json.loads((out / "report.json").read_text())
+    target = load_target(str(run_dir))
+    report = diagnose(target, cfg.diagnose, command=command)
+    write_report(report, out)
+    return json.loads((out / "report.json").read_text())
+
+
+def deepest_third(n_layers: int) -> list[int]:
+    """Block indices (1-based) of the deepest third: the last max(1, round(L/3)) blocks."""
+    k = max(1, round(n_layers / 3))
+    return list(range(n_layers - k + 1, n_layers + 1))
+
+
+def run_row(scheme: str, seed: int, summary: dict, report: dict) -> dict[str, Any]:
+    """One table row, straight from a run's summary.json and its diagnostics report.json."""
+    adjacent = report["angular"]["adjacent"]
+    deep = deepest_third(len(adjacent))
+    row = {
+        "scheme": scheme, "seed": seed,
+        "eval_loss": summary["eval_loss"], "eval_ppl": summary["eval_ppl"],
+        "last_layer_variance": summary["layer_variance"][-1],
+        "deep_angular": statistics.fmean(adjacent[l - 1] for l in deep),
+        "deep_blocks": deep,
+        "tokens": summary["tokens"], "wall_s": summary["wall_s"],
+    }
+    if "removal" in report:
+        row["deep_removal_drop"] = statistics.fmean(report["removal"]["delta_loss"][l - 1] for l in deep)
+    return row
+
+
+def aggregate(rows: list[dict[str, Any]], schemes: list[str]) -> list[dict[str, Any]]:
+    """Mean (and sample std when several seeds ran) per scheme; deltas vs ``pre`` per seed."""
+    by_seed_pre = {r["seed"]: r for r in rows if r["scheme"] == "pre"}
+    for r in rows:
+        if r["seed"] in by_seed_pre:
+            r["delta_ppl_vs_pre"] = r["eval_ppl"] - by_seed_pre[r["seed"]]["eval_ppl"]
+            r["delta_loss_vs_pre"] = r["eval_loss"] - by_seed_pre[r["seed"]]["eval_loss"]
+    table = []
+    for scheme in schemes:
+        mine = [r for r in rows if r["scheme"] == scheme]
+        agg: dict[str, Any] = {"scheme": scheme, "seeds": [r["seed"] for r in mine]}
+        for key in [*COLUMNS, "delta_loss_vs_pre", "tokens", "wall_s"]:
+            values = [r[key] for r in mine if r.get(key) is not None]
+            if not values:
+                continue
+            agg[key] = statistics.fmean(values)
+            if len(values) > 1:
+                agg[key + "_std"] = statistics.stdev(values)
+        table.append(agg)
+    return table
+
+
+def markdown_table(table: list[dict[str, Any]]) -> str:
+    keys = [k for k in COLUMNS if any(k in row for row in table)]
+    lines = ["| scheme | " + " | ".join(COLUMNS[k][0] for k in keys) + " |",
+             "|---|" + "---:|" * len(keys)]
+    for row in table:
+        cells = []
+        for k in keys:
+            if k not in row or row[k] is None or (isinstance(row[k], float) and math.isnan(row[k])):
+                cells.append("–")
+                continue
+            cell = COLUMNS[k][1].format(row[k])
+            if k + "_std" in row:
+                cell += " ± " + COLUMNS[k][1].format(row[k + "_std"]).lstrip("+")
+            cells.append(cell)
+        lines.append(f"| {row['scheme']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, command: str | None = None,
+            on_run: Callable[[str, int, dict], None] | None = None) -> dict[str, Any]:
+    """Train + diagnose every (scheme, seed) into ``out_dir`` and write the side-by-side report.
+
+    Reuses whatever a previous, interrupted call with the same settings finished."""
+    cfg.validate()
+    out = Path(out_dir)
+    settings = cfg.to_dict()
+    saved_path = out / "compare.json"
+    if saved_path.is_file():
+        saved = json.loads(saved_path.read_text())
+        if saved.get("settings") != json.loads(json.dumps(settings)):
+            raise DepthlabError(f"{str(out)!r} holds a compare with other settings; give another --out "
+                                f"or the same settings to resume it")
+    elif out.exists() and any(out.iterdir()):
+        raise DepthlabError(f"output directory {str(out)!r} exists and is not a compare; give a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    saved_path.write_text(json.dumps({"settings": settings, "command": command}, indent=2) + "\n")
+
+    rows, runs = [], {}
+    for seed in cfg.seeds:
+        for scheme in cfg.schemes:
+            run_dir = out / "runs" / run_name(scheme, seed)
+            summary = _train_run(cfg, scheme, seed, run_dir, quiet, command)
+            report = _diagnose_run(cfg, run_dir, command)
+            row = run_row(scheme, seed, summary, report)
+            rows.append(row)
+            runs[run_name(scheme, seed)] = str(run_dir.relative_to(out))
+            if on_run is not None:
+                on_run(scheme, seed, row)
+
+    table = aggregate(rows, cfg.schemes)
+    result = {"settings": settings, "command": command, "table": table, "runs": rows, "run_dirs": runs,
+              "columns": {k: v[0] for k, v in COLUMNS.items()}}
+    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "summary.md").write_text(_summary_md(cfg, table, command))
+    from depthlab.compare_report import write_compare_report
+
+    result["figures"] = write_compare_report(result, out)
+    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _summary_md(cfg: CompareConfig, table: list[dict[str, Any]], command: str | None) -> str:
+    t = cfg.train
+    return "\n".join([
+        f"# depthlab compare: {', '.join(cfg.schemes)} on {cfg.preset}",
+        "",
+        f"data `{t.data}`, steps {t.steps or 'preset default'}, seeds {cfg.seeds}; "
+        f"deepest third = the last max(1, round(L/3)) blocks.",
+        "",
+        markdown_table(table),
+        "",
+        f"command: `{command}`" if command else "",
+        "",
+    ])
