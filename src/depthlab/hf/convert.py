@@ -229,6 +229,21 @@ def folded_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
     return {hf_key(k): v for k, v in state.items() if not k.endswith(".gain") and k not in skip}
 
 
+def hf_tokenizer(tokenizer: Any) -> Any | None:
+    """A ``transformers`` tokenizer for a depthlab one (to ship beside an export), or None for the
+    byte tokenizer, which has no HF equivalent."""
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+    inner = getattr(tokenizer, "tok", None)
+    if isinstance(inner, PreTrainedTokenizerBase):
+        return inner
+    if inner is not None and hasattr(inner, "token_to_id"):  # a tokenizers.Tokenizer (our BPE)
+        eos = inner.id_to_token(tokenizer.eos_id)
+        pad = inner.id_to_token(tokenizer.pad_id)
+        return PreTrainedTokenizerFast(tokenizer_object=inner, eos_token=eos, pad_token=pad)
+    return None
+
+
 @functools.cache
 def exportable_schemes() -> tuple[str, ...]:
     """Schemes (at their default options) whose models fold into a vanilla Llama checkpoint."""
@@ -291,7 +306,8 @@ def to_hf_model(model: DecoderLM, dtype: torch.dtype = torch.float32) -> nn.Modu
 
 def to_hf(model: DecoderLM, out_dir: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer: Any = None) -> Path:
     """Write a Hugging Face checkpoint (safetensors + config.json) that plain
-    ``AutoModelForCausalLM.from_pretrained(out_dir)`` loads with no custom code, same logits."""
+    ``AutoModelForCausalLM.from_pretrained(out_dir)`` loads with no custom code, same logits.
+    ``tokenizer``: a depthlab tokenizer (or an HF one) to save beside it."""
     import depthlab
 
     hf_model = to_hf_model(model, dtype)
@@ -305,11 +321,16 @@ def to_hf(model: DecoderLM, out_dir: str | Path, *, dtype: torch.dtype = torch.f
     out.mkdir(parents=True, exist_ok=True)
     hf_model.save_pretrained(out, safe_serialization=True)
     if tokenizer is not None:
-        tokenizer.save_pretrained(out)
+        hf_tok = hf_tokenizer(tokenizer)
+        if hf_tok is None:
+            log.warning("tokenizer %r has no Hugging Face equivalent; the export has no tokenizer files",
+                        getattr(tokenizer, "spec", tokenizer))
+        else:
+            hf_tok.save_pretrained(out)
     (out / "depthlab_config.json").write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
     log.info("wrote Hugging Face checkpoint to %s", out)
     return out
 
 
 __all__ = ["from_hf", "to_hf", "to_hf_model", "config_from_hf", "hf_config_for", "load_hf_model",
-           "folded_state_dict", "exportable_schemes", "hf_key", "SUPPORTED_MODEL_TYPES"]
+           "folded_state_dict", "exportable_schemes", "hf_key", "hf_tokenizer", "SUPPORTED_MODEL_TYPES"]
