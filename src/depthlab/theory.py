@@ -26,6 +26,10 @@ Two parts:
 
    (Appendix eqs. 47/48 give A and B from widths, heads, sequence length and init std; for real
    shapes they are ~1e5-1e6, which makes both products overflow -- see ``paper_constants``.)
+   Note what the numbers show: on the recursions' own σ_l the Pre-LN product grows like L^{2A}
+   and the LNS one converges (its factors are 1 + O(l^-1.5)). The paper's reading (Pre-LN bound
+   -> constant, LNS bound keeps growing) needs Pre-LN variance at its *exponential* upper bound,
+   which the literal recursion does not reach.
 
 2. **Empirical check** (``measure_empirical``). Randomly initialised depthlab models of one width,
    ``pre`` and ``lns``, one deep model per scheme and seed: since neither scheme's block ``l``

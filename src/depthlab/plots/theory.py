@@ -35,7 +35,8 @@ def plot_theory(
     """2×2 panels: recursion variance, gradient bound (top); empirical variance and ‖∂y_l/∂x_1‖ (bottom).
 
     ``variance``/``gradient_bound``: scheme -> values at depth 1..L. ``emp_variance``: scheme -> values
-    at depth 0..L (0 = embedding, drawn at x = 1 is avoided by plotting depth 1..L only).
+    at depth 0..L (index 0 = embedding, drawn as a dotted reference level; the curve shows 1..L).
+    ``emp_jacobian_gain``: scheme -> values at ``emp_jacobian_depths``.
     """
     rows = 2 if emp_variance else 1
     fig, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), squeeze=False)
