@@ -226,7 +226,7 @@ def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.D
     if resume:
         ckpt = find_checkpoint(out)
         data = read_checkpoint(ckpt)
-        D.load_full_state_dicts(model, optimizer, data["model"], data["optimizer"])
+        D.load_full_state_dicts(module, model, optimizer, data["model"], data["optimizer"])
         set_rng_state(data["rng"])
         start, tokens, wall_before = data["state"]["step"], data["state"]["tokens"], data["state"].get("wall_s", 0.0)
         if env.is_main:
