@@ -58,12 +58,12 @@ class Scale(nn.Module):
 
 
 class ScalarGain(nn.Module):
-    """SkipInit: one learnable scalar on a branch output."""
+    """SkipInit: one learnable scalar on a branch output (shape (1,): FSDP2 cannot shard 0-dim tensors)."""
 
     def __init__(self, init: float) -> None:
         super().__init__()
         self.init = float(init)
-        self.gain = nn.Parameter(torch.full((), self.init))
+        self.gain = nn.Parameter(torch.full((1,), self.init))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gain

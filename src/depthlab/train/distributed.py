@@ -91,33 +91,11 @@ def wrap(model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
     if env.mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        # FSDP2 cannot shard 0-dim parameters (SkipInit's gains): make them shape (1,) while wrapped;
-        # full_state_dicts / load_full_state_dicts convert back, so checkpoints keep the model's shapes
-        module._depthlab_scalars = _vectorize_scalars(model)
         for block in model.blocks:
             fully_shard(block)
         fully_shard(module)
         return module
     return module
-
-
-def _vectorize_scalars(model: nn.Module) -> list[str]:
-    names = []
-    for mod_name, mod in model.named_modules():
-        for pname, p in list(mod.named_parameters(recurse=False)):
-            if p.dim() == 0:
-                setattr(mod, pname, nn.Parameter(p.detach().reshape(1).clone(), requires_grad=p.requires_grad))
-                names.append(f"{mod_name}.{pname}" if mod_name else pname)
-    return names
-
-
-def _reshape_scalars(msd: dict, osd: dict | None, names, shape: tuple) -> None:
-    for n in names:
-        if n in msd:
-            msd[n] = msd[n].reshape(shape)
-        for key, val in ((osd or {}).get("state", {}).get(n, {}) or {}).items():
-            if key != "step" and torch.is_tensor(val) and val.numel() == 1:
-                osd["state"][n][key] = val.reshape(shape)
 
 
 @contextlib.contextmanager
@@ -167,7 +145,6 @@ def full_state_dicts(module: nn.Module, model: nn.Module, optimizer: torch.optim
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     msd = get_model_state_dict(model, options=opts)
     osd = get_optimizer_state_dict(model, optimizer, options=opts)
-    _reshape_scalars(msd, osd, getattr(module, "_depthlab_scalars", ()), ())
     return msd, osd
 
 
@@ -177,7 +154,6 @@ def load_full_state_dicts(module: nn.Module, model: nn.Module, optimizer: torch.
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True, strict=True)
-    _reshape_scalars(msd, osd, getattr(module, "_depthlab_scalars", ()), (1,))
     set_model_state_dict(model, msd, options=opts)
     if optimizer is not None and osd is not None:
         set_optimizer_state_dict(model, optimizer, osd, options=opts)
