@@ -32,12 +32,14 @@ def test_capture_reads_the_raw_residual_stream_of_depthlab_and_hf(tiny_model, ti
 
 def test_angular_equals_naive_per_pair_per_token(tiny_model):
     cap = _cap(tiny_model)
-    acc = AngularAccumulator(tiny_model.cfg.n_layers + 1)
+    acc = AngularAccumulator(tiny_model.cfg.n_layers + 1, dtype=torch.float64)
+    fast = AngularAccumulator(tiny_model.cfg.n_layers + 1)  # the default float32 Gram
     batches = [torch.randint(300, (3, 10)), torch.randint(300, (2, 10))]
     per_pair: dict[tuple[int, int], list[float]] = {}
     for ids in batches:
         _, states = cap.run(ids)
         acc.update(states)
+        fast.update(states)
         hs = tiny_model(ids, output_hidden_states=True).hidden_states
         for i in range(len(hs)):
             for j in range(len(hs)):
@@ -50,6 +52,7 @@ def test_angular_equals_naive_per_pair_per_token(tiny_model):
     assert acc.count == 5 * 10
     for (i, j), vals in per_pair.items():
         assert abs(float(mean[i, j]) - sum(vals) / len(vals)) < 1e-6, (i, j)
+        assert abs(float(fast.mean()[i, j]) - sum(vals) / len(vals)) < 5e-4, (i, j)
     layout = pair_matrix_to_layout(mean)  # [n-1][l-1] = d(x^l, x^{l+n})
     L = tiny_model.cfg.n_layers
     assert layout[0][0] == float(mean[0, 1]) and layout[L - 1][0] == float(mean[0, L])
