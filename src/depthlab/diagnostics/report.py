@@ -52,9 +52,9 @@ def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
     name = report["model"].get("label") or report["model"]["name"]
     figs: dict[str, Path] = {}
     ang = report["angular"]
-    figs["angular_heatmap"] = P.angular_heatmap(ang["matrix"], out / "angular_heatmap.png", f"Angular distance d(x^l, x^(l+n)) — {name}")
+    figs["angular_heatmap"] = P.angular_heatmap(ang["matrix"], out / "angular_heatmap.png", f"Angular distance d(x^l, x^(l+n))\n{name}")
     figs["angular_adjacent"] = P.adjacent_angular(ang["adjacent"], out / "angular_adjacent.png",
-                                                  report["options"]["identity_threshold"], f"Adjacent-layer angular distance — {name}")
+                                                  report["options"]["identity_threshold"], f"Adjacent-layer angular distance\n{name}")
     var = report["variance"]
     figs["variance"] = P.variance_growth(var["variance"], var["mean_norm"], out / "variance.png", name)
     if "removal" in report:
@@ -71,7 +71,7 @@ def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
         if mats:
             figs["jacobian_heatmaps"] = P.jacobian_heatmaps({l: np.asarray(m) for l, m in mats.items()},
                                                             out / "jacobian_heatmaps.png", report["options"]["heatmap_dims"],
-                                                            f"Token-averaged block Jacobians — {name} (first {report['options']['heatmap_dims']} dims)")
+                                                            f"Token-averaged block Jacobians (first {report['options']['heatmap_dims']} dims)\n{name}")
     return {k: v.name for k, v in figs.items()}
 
 
