@@ -29,9 +29,7 @@ The result (device, versions, the exact command, every raw timing) is written as
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
-import math
 import platform
 import shlex
 import statistics
@@ -67,28 +65,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # ---------------------------------------------------------------------------------- models
 def hf_llama(cfg: depthlab.ModelConfig) -> torch.nn.Module:
     """transformers.LlamaForCausalLM with the same shape as ``cfg`` (SDPA attention)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    kwargs = dict(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.kv_heads,
-        head_dim=cfg.dim_head,
-        rms_norm_eps=cfg.norm_eps,
-        max_position_embeddings=cfg.max_seq_len,
-        tie_word_embeddings=cfg.tie_embeddings,
-        attention_bias=False,
-        initializer_range=cfg.init_std,
-        use_cache=False,
-    )
-    if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:  # transformers >= 5
-        kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    else:
-        kwargs["rope_theta"] = cfg.rope_theta
-    hf_cfg = LlamaConfig(**kwargs)
+    from depthlab.hf import hf_config_for
+
+    hf_cfg = hf_config_for(cfg)
+    hf_cfg.use_cache = False
     hf_cfg._attn_implementation = "sdpa"
     return LlamaForCausalLM(hf_cfg)
 

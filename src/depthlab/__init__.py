@@ -15,3 +15,14 @@ __all__ = [
     "ModelConfig", "PRESETS", "LNS_POSITIONS", "from_preset", "build_model", "DecoderLM", "LMOutput",
     "SCHEMES", "Scheme", "get_scheme", "lns_scale", "DepthlabError", "ConfigError", "__version__",
 ]
+
+_SUBMODULES = ("hf", "data", "train", "diagnostics", "compare", "theory", "plots")
+
+
+def __getattr__(name: str):
+    """``depthlab.hf`` etc. import on first use, so ``import depthlab`` stays light."""
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"depthlab.{name}")
+    raise AttributeError(f"module 'depthlab' has no attribute {name!r}")

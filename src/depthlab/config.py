@@ -15,11 +15,40 @@ from typing import Any
 
 from depthlab.errors import ConfigError, choices
 
+class JsonConfig:
+    """Dataclass mixin: dict / JSON round-trip that refuses unknown fields by name."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown {cls.__name__} field(s) {unknown}; {choices(sorted(known))}")
+        return cls(**data)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, path_or_text: str | Path):
+        """From a JSON string or the path of a JSON file."""
+        text = str(path_or_text)
+        if not text.lstrip().startswith("{"):
+            text = Path(path_or_text).read_text()
+        return cls.from_dict(json.loads(text))
+
+
 LNS_POSITIONS = ("after-norm", "before-norm", "after-branch", "after-residual", "attn-only", "ffn-only")
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(JsonConfig):
     """A LLaMA-style decoder and the normalization scheme of its blocks."""
 
     name: str = "custom"  # preset name or a label; informational
@@ -108,31 +137,6 @@ class ModelConfig:
         if include_embeddings:
             total += self.vocab_size * d * (1 if self.tie_embeddings else 2)
         return total
-
-    # ------------------------------------------------------------------ (de)serialisation
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown ModelConfig field(s) {unknown}; {choices(sorted(known))}")
-        return cls(**data)
-
-    def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
-
-    @classmethod
-    def from_json(cls, path_or_text: str | Path) -> "ModelConfig":
-        text = str(path_or_text)
-        if not text.lstrip().startswith("{"):
-            text = Path(path_or_text).read_text()
-        return cls.from_dict(json.loads(text))
 
     def replace(self, **overrides: Any) -> "ModelConfig":
         return from_dict_with_overrides(self.to_dict(), overrides)

@@ -3,7 +3,6 @@ page (figures embedded as base64), and ``jacobians.npz`` (the mean Jacobian matr
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import logging
@@ -14,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from depthlab.htmlpage import CSS, img
+from depthlab.htmlpage import kv_table as _kv
 
 log = logging.getLogger(__name__)
 
@@ -95,25 +97,8 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
 
 
 # ---------------------------------------------------------------------- HTML
-CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1060px;margin:2em auto;padding:0 1em;color:#222}
-h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}
-table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:right}
-th{background:#f4f4f4}td.k{text-align:left;font-weight:600}.summary{background:#eef6ee;border-left:4px solid #4a4;padding:.8em 1em;font-size:1.05em}
-img{max-width:100%;border:1px solid #eee;margin:.4em 0}code,pre{background:#f6f6f6;padding:.15em .35em;border-radius:3px;font-size:.88em}
-pre{padding:.6em;overflow-x:auto;white-space:pre-wrap}.scroll{overflow-x:auto}.muted{color:#777;font-size:.88em}"""
-
-
 def _img(out: Path, name: str | None, alt: str) -> str:
-    if not name or not (out / name).is_file():
-        return ""
-    data = base64.b64encode((out / name).read_bytes()).decode()
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
-
-
-def _kv(rows: list[tuple[str, Any]]) -> str:
-    body = "".join(f'<tr><td class="k">{html.escape(str(k))}</td><td style="text-align:left">{html.escape(str(v))}</td></tr>'
-                   for k, v in rows if v is not None)
-    return f"<table>{body}</table>"
+    return img(out / name if name else None, alt)
 
 
 def _fmt(x: Any, nd: int = 4) -> str:

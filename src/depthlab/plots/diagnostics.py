@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-DPI = 130
+from depthlab.plots._base import save, ticks
 
 
-def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
-
-
-def _ticks(n: int, max_ticks: int = 16) -> list[int]:
-    step = max(1, math.ceil(n / max_ticks))
-    return list(range(1, n + 1, step))
 
 
 def angular_heatmap(matrix: Sequence[Sequence[float | None]], path: str | Path, title: str = "") -> Path:
@@ -35,11 +22,11 @@ def angular_heatmap(matrix: Sequence[Sequence[float | None]], path: str | Path, 
                    extent=(0.5, L + 0.5, 0.5, L + 0.5), interpolation="nearest")
     ax.set_xlabel("layer l (input of block l)")
     ax.set_ylabel("block size n  (distance to layer l+n)")
-    ax.set_xticks(_ticks(L))
-    ax.set_yticks(_ticks(L))
+    ax.set_xticks(ticks(L))
+    ax.set_yticks(ticks(L))
     fig.colorbar(im, ax=ax, label="angular distance  arccos(cos)/π")
     ax.set_title(title or "Angular distance d(x^l, x^{l+n})", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def adjacent_angular(adjacent: Sequence[float], path: str | Path, threshold: float | None = None, title: str = "") -> Path:
@@ -52,11 +39,11 @@ def adjacent_angular(adjacent: Sequence[float], path: str | Path, threshold: flo
         ax.legend(fontsize=8)
     ax.set_xlabel("block l")
     ax.set_ylabel("d(x^l, x^{l+1})")
-    ax.set_xticks(_ticks(L))
+    ax.set_xticks(ticks(L))
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.set_title(title or "Adjacent-layer angular distance", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def removal_drop(delta_loss: Sequence[float], path: str | Path, base_loss: float | None = None,
@@ -80,8 +67,8 @@ def removal_drop(delta_loss: Sequence[float], path: str | Path, base_loss: float
         ax2.set_ylabel("Δ accuracy (points)")
         ax2.grid(alpha=0.3, axis="y")
     axes[-1, 0].set_xlabel("removed block l")
-    axes[-1, 0].set_xticks(_ticks(L))
-    return _save(fig, path)
+    axes[-1, 0].set_xticks(ticks(L))
+    return save(fig, path)
 
 
 def variance_growth(variance: Sequence[float], mean_norm: Sequence[float], path: str | Path, title: str = "") -> Path:
@@ -99,11 +86,11 @@ def variance_growth(variance: Sequence[float], mean_norm: Sequence[float], path:
     a2.set_ylabel("mean ‖x‖₂ per token")
     a2.set_title("Residual norm growth", fontsize=10)
     for a in (a1, a2):
-        a.set_xticks([0] + _ticks(S - 1, 12))
+        a.set_xticks([0] + ticks(S - 1, 12))
         a.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def jacobian_heatmaps(matrices: Mapping[int, np.ndarray], path: str | Path, dims: int = 64, title: str = "") -> Path:
@@ -121,11 +108,7 @@ def jacobian_heatmaps(matrices: Mapping[int, np.ndarray], path: str | Path, dims
         ax.set_yticks([])
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.85, label="∂y_i/∂x_j")
     fig.suptitle(title or f"Token-averaged block Jacobians (first {dims} dims)", fontsize=10)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save(fig, path, layout=False)
 
 
 def jacobian_summary(layers: Sequence[int], rel_dist: Sequence[float], diag_share: Sequence[float], path: str | Path,
@@ -149,4 +132,4 @@ def jacobian_summary(layers: Sequence[int], rel_dist: Sequence[float], diag_shar
         a.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)

@@ -8,6 +8,8 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
+from depthlab.plots._base import save
+
 COLORS = {"pre": "#d62728", "lns": "#1f77b4"}
 LABELS = {"pre": "Pre-LN", "lns": "LNS"}
 
@@ -65,8 +67,4 @@ def plot_theory(
     if emp_label:
         fig.text(0.5, 0.005, emp_label, ha="center", fontsize=9, color="#444")
     fig.tight_layout(rect=(0, 0.02, 1, 1))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path, layout=False)

@@ -9,16 +9,8 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-DPI = 130
+from depthlab.plots._base import save
 
-
-def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
 
 
 def layer_variance(steps: Sequence[int], variances: Sequence[Sequence[float]], path: str | Path, title: str = "") -> Path:
@@ -43,7 +35,7 @@ def layer_variance(steps: Sequence[int], variances: Sequence[Sequence[float]], p
     b.legend(fontsize=8)
     b.grid(alpha=0.3)
     fig.suptitle(title or "Layerwise output variance", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def loss_curves(train: tuple[Sequence[int], Sequence[float]], evals: tuple[Sequence[int], Sequence[float]],
@@ -58,7 +50,7 @@ def loss_curves(train: tuple[Sequence[int], Sequence[float]], evals: tuple[Seque
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title or "Training", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def run_figures(run_dir: str | Path) -> list[Path]:

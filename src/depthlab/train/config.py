@@ -7,13 +7,10 @@ batch 512 sequences); the ``tiny`` preset gets CPU-sized defaults.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from depthlab.config import ModelConfig
+from depthlab.config import JsonConfig, ModelConfig
 from depthlab.errors import ConfigError, choices
 
 OPTIMIZERS = ("adam", "adamw")
@@ -42,7 +39,7 @@ PAPER_DEFAULTS = dict(lr=1e-3, steps=20_000, warmup=0.1, seq_len=256, batch_size
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(JsonConfig):
     """A pre-training run. ``None`` = per-preset default (see ``resolve``)."""
 
     # ---- data
@@ -83,28 +80,6 @@ class TrainConfig:
     keep_last: int = 2  # checkpoints kept
     cache_dir: str | None = None  # tokenizer / token cache; None = $DEPTHLAB_CACHE or ~/.cache/depthlab
     tensorboard: bool = False  # also log to <out>/tensorboard (needs tensorboard)
-
-    # ------------------------------------------------------------------ (de)serialisation
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown TrainConfig field(s) {unknown}; {choices(sorted(known))}")
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, path_or_text: str | Path) -> "TrainConfig":
-        text = str(path_or_text)
-        if not text.lstrip().startswith("{"):
-            text = Path(path_or_text).read_text()
-        return cls.from_dict(json.loads(text))
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return self.from_dict({**self.to_dict(), **changes})
