@@ -31,16 +31,21 @@ def _seeds(text: str) -> list[int]:
         raise DepthlabError(f"--seeds expects comma-separated integers, got {text!r}") from None
 
 
-def add_shared_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags shared by ``compare`` and ``demo``."""
+def add_shared_arguments(p: argparse.ArgumentParser, steps: int | None = None, eval_tokens: int | None = None,
+                         diag_tokens: int = 16384) -> None:
+    """Flags shared by ``compare`` and ``demo`` (which passes its own defaults)."""
     p.add_argument("--data", default="builtin", help="training corpus (default builtin: the King James Bible)")
     p.add_argument("--tokenizer", help="bytes | bpe:N | hf:NAME (default bpe:4096)")
-    p.add_argument("--steps", type=int, help="optimizer steps per run (default: the preset's)")
+    p.add_argument("--steps", type=int, default=steps,
+                   help=f"optimizer steps per run (default: {steps or 'the preset' + chr(39) + 's'})")
     p.add_argument("--seq-len", type=int, help="tokens per sequence")
     p.add_argument("--batch-size", type=int, help="global batch in sequences")
     p.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
+    p.add_argument("--eval-tokens", type=int, default=eval_tokens,
+                   help=f"held-out tokens per evaluation during training (default: {eval_tokens or 'the preset' + chr(39) + 's'})")
     p.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated seeds, one run per scheme each (default 0)")
-    p.add_argument("--diag-tokens", type=int, default=16384, help="held-out tokens for the diagnostics (default 16384)")
+    p.add_argument("--diag-tokens", type=int, default=diag_tokens,
+                   help=f"held-out tokens for the diagnostics (default {diag_tokens})")
     p.add_argument("--no-jacobian", dest="jacobian", action="store_false", help="skip block Jacobians")
     p.add_argument("--device", help="cpu | cuda (default: cuda when available)")
 
@@ -64,7 +69,7 @@ def build_config(args, schemes: list[str], preset: str, model_set: list[str] | N
     from depthlab.train import TrainConfig
 
     train = TrainConfig(data=args.data, tokenizer=args.tokenizer, steps=args.steps, seq_len=args.seq_len,
-                        batch_size=args.batch_size, lr=args.lr, device=args.device)
+                        batch_size=args.batch_size, lr=args.lr, eval_tokens=args.eval_tokens, device=args.device)
     diag = DiagnoseOptions(tokens=args.diag_tokens, jacobian=args.jacobian, progress=False)
     return CompareConfig(schemes=schemes, preset=preset, model_overrides=_overrides(model_set), seeds=args.seeds,
                          train=train, diagnose=diag)
