@@ -40,11 +40,10 @@ def test_scheme_names_are_the_stable_public_ones():
 def test_lns_scales_are_one_over_sqrt_l_in_both_prenorms_and_absent_from_state_dict():
     model = d.build_model(small("lns", n_layers=6))
     for l, block in enumerate(model.blocks, start=1):
-        assert isinstance(block.attn_scale, Scale) and isinstance(block.ffn_scale, Scale)
-        assert block.attn_scale.scale == pytest.approx(1 / math.sqrt(l))
-        assert block.ffn_scale.scale == pytest.approx(1 / math.sqrt(l))
+        assert block.attn_norm.scale == pytest.approx(1 / math.sqrt(l))
+        assert block.ffn_norm.scale == pytest.approx(1 / math.sqrt(l))
         assert isinstance(block.attn_out, nn.Identity) and isinstance(block.resid_scale, nn.Identity)
-    assert isinstance(model.norm, RMSNorm)  # final norm untouched
+    assert isinstance(model.norm, RMSNorm) and model.norm.scale == 1.0  # final norm untouched
     pre = d.build_model(small("pre", n_layers=6))
     assert model.state_dict().keys() == pre.state_dict().keys()
 
@@ -64,8 +63,11 @@ def test_lns_by_hand_matches_the_equation():
     block, l = model.blocks[2], 3
     x = torch.randn(2, 10, 64)
     rope = model.rope(10, x.device)
-    h = x + block.attn(block.attn_norm(x) / math.sqrt(l), rope)
-    y = h + block.ffn(block.ffn_norm(h) / math.sqrt(l))
+    def rms(v, w):  # plain RMSNorm, independent of depthlab's
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    h = x + block.attn(rms(x, block.attn_norm.weight) / math.sqrt(l), rope)
+    y = h + block.ffn(rms(h, block.ffn_norm.weight) / math.sqrt(l))
     torch.testing.assert_close(block(x, rope), y)
 
 
@@ -73,13 +75,14 @@ def test_lns_by_hand_matches_the_equation():
 def test_lns_positions_fill_exactly_their_slots(position):
     model = d.build_model(small("lns", lns_position=position))
     block = model.blocks[3]
-    slots = ["attn_prescale", "attn_scale", "attn_out", "ffn_prescale", "ffn_scale", "ffn_out", "resid_scale"]
-    for slot in slots:
+    for slot in ["attn_prescale", "attn_out", "ffn_prescale", "ffn_out", "resid_scale"]:
         mod = getattr(block, slot)
         if slot in LNS_SLOTS[position]:
             assert isinstance(mod, Scale) and mod.scale == pytest.approx(0.5)
         else:
             assert isinstance(mod, nn.Identity)
+    for slot in ["attn_norm", "ffn_norm"]:
+        assert getattr(block, slot).scale == pytest.approx(0.5 if slot in LNS_SLOTS[position] else 1.0)
 
 
 def test_meta_device_build_keeps_lns_scales_and_materialises():
@@ -88,7 +91,7 @@ def test_meta_device_build_keeps_lns_scales_and_materialises():
     assert model.embed.weight.is_meta
     model.to_empty(device="cpu")
     model.reset_parameters()
-    assert [b.attn_scale.scale for b in model.blocks] == pytest.approx([1 / math.sqrt(l) for l in range(1, 6)])
+    assert [b.attn_norm.scale for b in model.blocks] == pytest.approx([1 / math.sqrt(l) for l in range(1, 6)])
     assert model.embed.weight.std().item() == pytest.approx(0.02, rel=0.1)
     assert torch.all(model.blocks[0].attn_norm.weight == 1)
     ref = d.build_model(cfg)
@@ -121,7 +124,7 @@ def test_depth_scaled_init_output_projections():
 
 def test_lns_scaled_init_combines_both():
     model = d.build_model(small("lns-scaled-init", n_layers=8, d_model=128, d_ff=256))
-    assert model.blocks[3].attn_scale.scale == pytest.approx(0.5)
+    assert model.blocks[3].ffn_norm.scale == pytest.approx(0.5)
     assert model.blocks[3].attn.o_proj.weight.std().item() == pytest.approx(0.02 / 4, rel=0.1)
 
 

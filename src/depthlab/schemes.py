@@ -21,14 +21,15 @@ from depthlab.nn.norms import ChannelGain, GroupRMSNorm, RMSNorm, ScalarGain, Sc
 
 BlockFactory = Callable[[ModelConfig, int], nn.Module]
 
-#: LNS insertion positions (paper T8) -> the PreNormBlock slots that get Scale(1/sqrt(l)).
+#: LNS insertion positions (paper T8) -> the PreNormBlock slots that carry 1/sqrt(l): a ``*_norm``
+#: slot gets ``RMSNorm(scale=1/sqrt(l))``, any other slot ``Scale(1/sqrt(l))``.
 LNS_SLOTS: dict[str, tuple[str, ...]] = {
-    "after-norm": ("attn_scale", "ffn_scale"),  # the method
+    "after-norm": ("attn_norm", "ffn_norm"),  # the method
     "before-norm": ("attn_prescale", "ffn_prescale"),
     "after-branch": ("attn_out", "ffn_out"),
     "after-residual": ("resid_scale",),  # diverges in the paper
-    "attn-only": ("attn_scale",),
-    "ffn-only": ("ffn_scale",),
+    "attn-only": ("attn_norm",),
+    "ffn-only": ("ffn_norm",),
 }
 
 
@@ -72,7 +73,9 @@ def _pre(cfg: ModelConfig, layer: int) -> nn.Module:
 
 def _lns(cfg: ModelConfig, layer: int) -> nn.Module:
     s = lns_scale(layer)
-    return PreNormBlock(cfg, layer, **{slot: Scale(s) for slot in LNS_SLOTS[cfg.lns_position]})
+    slots = {slot: RMSNorm(cfg.d_model, cfg.norm_eps, scale=s) if slot.endswith("_norm") else Scale(s)
+             for slot in LNS_SLOTS[cfg.lns_position]}
+    return PreNormBlock(cfg, layer, **slots)
 
 
 def _post(cfg: ModelConfig, layer: int) -> nn.Module:
@@ -98,7 +101,10 @@ def _admin(cfg: ModelConfig, layer: int) -> nn.Module:
 
 
 def _group_ln(cfg: ModelConfig, layer: int) -> nn.Module:
-    return PreNormBlock(cfg, layer, norm=lambda: GroupRMSNorm(cfg.d_model, cfg.norm_groups, cfg.norm_eps))
+    def norm() -> GroupRMSNorm:
+        return GroupRMSNorm(cfg.d_model, cfg.norm_groups, cfg.norm_eps)
+
+    return PreNormBlock(cfg, layer, attn_norm=norm(), ffn_norm=norm())
 
 
 def _skipinit(cfg: ModelConfig, layer: int) -> nn.Module:

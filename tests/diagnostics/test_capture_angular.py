@@ -68,12 +68,13 @@ def _live_tensor_bytes() -> int:
         objs = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
     for obj in objs:
         if isinstance(obj, torch.Tensor) and not obj.is_meta:
-            try:
+            try:  # fake tensors left by torch.compile in other tests have no storage
                 st = obj.untyped_storage()
+                ptr = st.data_ptr()
             except RuntimeError:
                 continue
-            if st.data_ptr() not in seen:
-                seen.add(st.data_ptr())
+            if ptr not in seen:
+                seen.add(ptr)
                 total += st.nbytes()
     return total
 

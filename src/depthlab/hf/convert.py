@@ -206,7 +206,7 @@ def _fold(model: DecoderLM) -> dict[str, torch.Tensor]:
             norm = getattr(block, f"{branch}_norm")
             if type(norm) is not RMSNorm:
                 raise _NotFoldable(f"{where} {branch} norm is a {type(norm).__name__}")
-            state[f"blocks.{i}.{branch}_norm.weight"] *= _factor(getattr(block, f"{branch}_scale"), f"{where} {branch}_scale")
+            state[f"blocks.{i}.{branch}_norm.weight"] *= norm.scale  # LNS after the norm
             gain = _factor(getattr(block, f"{branch}_out"), f"{where} {branch} output")
             if isinstance(gain, torch.Tensor):
                 gain = gain.reshape(-1, 1)  # (D_out, 1) or (1, 1): row j of W_out times gain[j]

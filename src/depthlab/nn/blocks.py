@@ -24,25 +24,23 @@ def _attention(cfg: ModelConfig) -> Attention:
 class PreNormBlock(nn.Module):
     """Pre-LN block and its variants (LNS, Sandwich, Group-LN, SkipInit, LayerScale, scaled inits).
 
-        x ─┬─ prescale ─ norm ─ scale ─ attn ─ out ─┐
-           └────────────────────────────────────── (+) ─ resid_scale ─► h     (same again with ffn)
+        x ─┬─ prescale ─ norm ─ attn ─ out ─┐
+           └────────────────────────────── (+) ─ resid_scale ─► h     (same again with ffn)
 
-    LNS (after-norm) puts ``Scale(1/sqrt(l))`` in both ``*_scale`` slots; Sandwich-LN a second norm in
-    ``*_out``; SkipInit/LayerScale a learnable gain in ``*_out``.
+    LNS (after-norm) uses norms with ``scale=1/sqrt(l)``; its other positions put ``Scale(1/sqrt(l))``
+    in ``*_prescale``, ``*_out`` or ``resid_scale``. Sandwich-LN puts a second norm in ``*_out``;
+    SkipInit/LayerScale a learnable gain; Group-LN a ``GroupRMSNorm`` in ``*_norm``.
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int, norm: type[nn.Module] | None = None, **slots: nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, **slots: nn.Module):
         super().__init__()
         self.layer = layer  # 1-based depth index l
-        make_norm = norm or (lambda: _rms(cfg))
         self.attn_prescale = slots.pop("attn_prescale", nn.Identity())
-        self.attn_norm = make_norm()
-        self.attn_scale = slots.pop("attn_scale", nn.Identity())
+        self.attn_norm = slots.pop("attn_norm", None) or _rms(cfg)
         self.attn = _attention(cfg)
         self.attn_out = slots.pop("attn_out", nn.Identity())
         self.ffn_prescale = slots.pop("ffn_prescale", nn.Identity())
-        self.ffn_norm = make_norm()
-        self.ffn_scale = slots.pop("ffn_scale", nn.Identity())
+        self.ffn_norm = slots.pop("ffn_norm", None) or _rms(cfg)
         self.ffn = SwiGLU(cfg.d_model, cfg.d_ff)
         self.ffn_out = slots.pop("ffn_out", nn.Identity())
         self.resid_scale = slots.pop("resid_scale", nn.Identity())
@@ -50,8 +48,8 @@ class PreNormBlock(nn.Module):
             raise TypeError(f"PreNormBlock has no slot(s) {sorted(slots)}")
 
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
-        x = self.resid_scale(x + self.attn_out(self.attn(self.attn_scale(self.attn_norm(self.attn_prescale(x))), rope)))
-        x = self.resid_scale(x + self.ffn_out(self.ffn(self.ffn_scale(self.ffn_norm(self.ffn_prescale(x))))))
+        x = self.resid_scale(x + self.attn_out(self.attn(self.attn_norm(self.attn_prescale(x)), rope)))
+        x = self.resid_scale(x + self.ffn_out(self.ffn(self.ffn_norm(self.ffn_prescale(x)))))
         return x
 
 

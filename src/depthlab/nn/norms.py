@@ -8,22 +8,29 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm as in LLaMA: normalise in fp32, cast back, multiply by the weight."""
+    """RMSNorm as in LLaMA: normalise in fp32, cast back, multiply by the weight.
 
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+    ``scale`` is a constant output multiplier: LNS's 1/sqrt(l) when the scaling sits right after the
+    norm. A Python float (no parameter, no buffer: state dicts stay those of Pre-LN and meta-device
+    builds keep it), applied to the D-vector weight rather than the (B, T, D) output, so LNS costs
+    nothing over Pre-LN.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, scale: float = 1.0) -> None:
         super().__init__()
         self.eps = eps
+        self.scale = float(scale)
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * y.to(x.dtype)
+        return (self.weight * self.scale) * y.to(x.dtype)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        return f"{self.weight.shape[0]}, eps={self.eps}" + (f", scale={self.scale:.6g}" if self.scale != 1.0 else "")
 
 
 class GroupRMSNorm(RMSNorm):
@@ -36,15 +43,16 @@ class GroupRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = x.float().unflatten(-1, (self.groups, -1))  # (..., G, D/G)
         y = F.rms_norm(g, (g.shape[-1],), eps=self.eps).flatten(-2)
-        return self.weight * y.to(x.dtype)
+        return (self.weight * self.scale) * y.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, groups={self.groups}"
 
 
 class Scale(nn.Module):
-    """Multiply by a constant. LNS's 1/sqrt(l): a Python float, not a parameter nor a buffer,
-    so it is absent from the state dict and survives meta-device construction."""
+    """Multiply by a constant: LNS's 1/sqrt(l) at the positions other than right after the norm.
+    A Python float, not a parameter nor a buffer, so it is absent from the state dict and survives
+    meta-device construction."""
 
     def __init__(self, scale: float) -> None:
         super().__init__()
