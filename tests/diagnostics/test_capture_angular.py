@@ -41,7 +41,8 @@ def test_angular_equals_naive_per_pair_per_token(tiny_model):
         _, states = cap.run(ids)
         acc.update(states)
         fast.update(states)
-        hs = tiny_model(ids, output_hidden_states=True).hidden_states
+        with torch.no_grad():
+            hs = tiny_model(ids, output_hidden_states=True).hidden_states
         for i in range(len(hs)):
             for j in range(len(hs)):
                 for b in range(ids.shape[0]):
