@@ -63,7 +63,7 @@ def register(subparsers) -> None:
 
 
 def build_config(args, schemes: list[str], preset: str, model_set: list[str] | None):
-    from depthlab.cli.train import _overrides
+    from depthlab.cli._args import parse_overrides
     from depthlab.compare import CompareConfig
     from depthlab.diagnostics import DiagnoseOptions
     from depthlab.train import TrainConfig
@@ -71,7 +71,7 @@ def build_config(args, schemes: list[str], preset: str, model_set: list[str] | N
     train = TrainConfig(data=args.data, tokenizer=args.tokenizer, steps=args.steps, seq_len=args.seq_len,
                         batch_size=args.batch_size, lr=args.lr, eval_tokens=args.eval_tokens, device=args.device)
     diag = DiagnoseOptions(tokens=args.diag_tokens, jacobian=args.jacobian, progress=False)
-    return CompareConfig(schemes=schemes, preset=preset, model_overrides=_overrides(model_set), seeds=args.seeds,
+    return CompareConfig(schemes=schemes, preset=preset, model_overrides=parse_overrides(model_set), seeds=args.seeds,
                          train=train, diagnose=diag)
 
 

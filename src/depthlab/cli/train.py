@@ -9,6 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from depthlab.cli._args import parse_overrides
+
 USAGE = """\
 examples:
   depthlab train --preset tiny --scheme lns --data builtin --steps 300 --out runs/lns
@@ -21,25 +23,6 @@ Unset options take the preset's defaults (SPEC.md §4: lr, steps, warm-up, seq l
 tiny: CPU-sized). Outputs in --out: config.json, tokenizer/, metrics.jsonl, summary.json, checkpoint/,
 layer_variance.png and loss.png.
 """
-
-
-def _value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def _overrides(pairs: list[str]) -> dict:
-    from depthlab.errors import ConfigError
-
-    out = {}
-    for pair in pairs or []:
-        key, sep, val = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set expects KEY=VALUE, got {pair!r}")
-        out[key.strip().replace("-", "_")] = _value(val)
-    return out
 
 
 #: CLI flag (argparse dest) -> TrainConfig field, for the flags that map one to one.
@@ -116,7 +99,7 @@ def build_configs(args):
     for flag in ("pack", "streaming", "compile", "tensorboard"):
         if getattr(args, flag) is not None:
             given[flag] = getattr(args, flag)
-    overrides = _overrides(args.model_set)
+    overrides = parse_overrides(args.model_set)
     if resume:
         cfg_path = Path(out) / "config.json"
         if not cfg_path.is_file():
