@@ -92,3 +92,21 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> D
         if str(device) != "meta":
             model.reset_parameters()
     return model
+
+
+def model_with_weights(cfg: ModelConfig, state: dict[str, torch.Tensor], where: str,
+                       device: torch.device | str | None = None) -> DecoderLM:
+    """A model of ``cfg`` holding exactly ``state``: built on the meta device, so no init pass runs
+    (Admin's profiling included) on weights about to be replaced. ``where`` names the source in errors."""
+    from depthlab.errors import DepthlabError
+
+    with torch.device("meta"):
+        model = DecoderLM(cfg)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed.weight
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise DepthlabError(f"{where} does not match scheme {cfg.scheme!r}: "
+                            f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    return model.to(device or "cpu").eval()

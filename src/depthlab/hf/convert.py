@@ -22,7 +22,7 @@ from torch import nn
 
 from depthlab.config import ModelConfig
 from depthlab.errors import DepthlabError, choices
-from depthlab.model import DecoderLM
+from depthlab.model import DecoderLM, model_with_weights
 from depthlab.nn.blocks import PreNormBlock
 from depthlab.nn.norms import ChannelGain, RMSNorm, ScalarGain, Scale
 
@@ -152,24 +152,24 @@ def from_hf(
     hf_model = model_or_path if isinstance(model_or_path, nn.Module) else load_hf_model(model_or_path, gguf_file, dtype)
     scheme = _scheme_for(hf_model.config, scheme)
     cfg = config_from_hf(hf_model.config, scheme)
-    with torch.device("meta"):
-        model = DecoderLM(cfg)
     hf_state = hf_model.state_dict()
     state = {}
-    for key, param in model.state_dict().items():
+    for key in _depthlab_keys(cfg):
         source = hf_key(key)
-        if source not in hf_state and key == "lm_head.weight" and cfg.tie_embeddings:
-            source = "model.embed_tokens.weight"
         if source not in hf_state:
             raise DepthlabError(f"scheme {scheme!r} needs {key!r}, which the HF checkpoint lacks ({source!r})")
         state[key] = hf_state[source].detach().to(dtype)
     extra = {k for k in hf_state if k.startswith("model.") or k == "lm_head.weight"} - {hf_key(k) for k in state}
     if extra - {"lm_head.weight"}:
         raise DepthlabError(f"HF weights depthlab cannot place: {sorted(extra)[:4]}")
-    model.load_state_dict(state, strict=True, assign=True)
-    if cfg.tie_embeddings:
-        model.lm_head.weight = model.embed.weight
-    return model.eval()
+    return model_with_weights(cfg, state, "the HF checkpoint")
+
+
+def _depthlab_keys(cfg: ModelConfig) -> list[str]:
+    """State-dict keys of a depthlab model of ``cfg`` (a tied head shares the embedding's)."""
+    with torch.device("meta"):
+        keys = list(DecoderLM(cfg).state_dict())
+    return [k for k in keys if not (cfg.tie_embeddings and k == "lm_head.weight")]
 
 
 # ------------------------------------------------------------------------------------------ to_hf

@@ -170,7 +170,7 @@ def load_run(path: str | Path, device: str | torch.device | None = None):
     checkpoint. The model is rebuilt with the scheme its config names; weights whose recorded scheme
     differs from it are refused, never loaded into another architecture."""
     from depthlab.data.tokenizers import load_tokenizer
-    from depthlab.model import build_model
+    from depthlab.model import model_with_weights
 
     ckpt = find_checkpoint(path)
     data = read_checkpoint(ckpt, with_optimizer=False)
@@ -180,12 +180,7 @@ def load_run(path: str | Path, device: str | torch.device | None = None):
     if scheme != model_cfg.scheme:
         raise DepthlabError(f"checkpoint {str(ckpt)!r} holds weights of scheme {scheme!r}, "
                             f"but its config says {model_cfg.scheme!r}; refusing to load")
-    model = build_model(model_cfg, device=device or "cpu")
-    missing, unexpected = model.load_state_dict(data["model"], strict=False)
-    if missing or unexpected:
-        raise DepthlabError(f"checkpoint {str(ckpt)!r} does not match scheme {model_cfg.scheme!r}: "
-                            f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
-    model.eval()
+    model = model_with_weights(model_cfg, data["model"], f"checkpoint {str(ckpt)!r}", device)
     tokenizer = None
     for tdir in (ckpt.parent.parent / "tokenizer", ckpt / "tokenizer"):
         if tdir.is_dir():
