@@ -1,4 +1,4 @@
-"""Building blocks of the decoder: norms, attention, MLP, residual blocks."""
+"""Building blocks of the models: norms, attention, MLP, residual blocks. No config, no scheme names."""
 
 from depthlab.nn.attention import Attention, RotaryEmbedding
 from depthlab.nn.blocks import PostNormBlock, PreNormBlock
