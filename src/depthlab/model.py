@@ -16,7 +16,7 @@ from torch import nn
 from depthlab.config import ModelConfig
 from depthlab.errors import DepthlabError
 from depthlab.nn.attention import RotaryEmbedding
-from depthlab.schemes import get_scheme
+from depthlab.schemes import decoder_parts, get_scheme
 
 IGNORE_INDEX = -100  # label of a target that counts in no loss (padding, a masked prompt); as in transformers
 
@@ -35,11 +35,11 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         scheme = get_scheme(cfg.scheme)
-        scheme.validate(cfg)
+        options, parts = scheme.validate(cfg), decoder_parts(cfg)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.embed_norm = scheme.embed_norm(cfg)  # nn.Identity but for Peri-LN
-        self.blocks = nn.ModuleList(scheme.block(cfg, layer) for layer in cfg.depths)
-        self.norm = scheme.final_norm(cfg)  # never scaled by LNS
+        self.embed_norm = scheme.embed_norm(parts, options)  # nn.Identity but for Peri-LN
+        self.blocks = nn.ModuleList(scheme.block(parts, options, layer) for layer in cfg.depths)
+        self.norm = scheme.final_norm(parts, options)  # never scaled by LNS
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # a type only: the config module knows nothing of schemes, an
 
 __all__ = [
     "Scheme", "Option", "SCHEMES", "BASELINE_SCHEME", "get_scheme", "lns_scale", "deepnorm_alpha", "deepnorm_beta",
-    "layerscale_eps", "LNS_SLOTS", "LNS_POSITIONS", "scheme_table", "scheme_names",
+    "layerscale_eps", "LNS_SLOTS", "LNS_POSITIONS", "scheme_table", "scheme_names", "Parts", "decoder_parts",
 ]
 
 BASELINE_SCHEME = "pre"  # the scheme every comparison is measured against
@@ -51,6 +51,12 @@ class Option:
     parse: Callable[[str, Any], Any]  # (qualified name, raw value) -> value, or raise ConfigError
     help: str
     alias: str | None = None
+    values: tuple[str, ...] = ()  # the choices, for a choice option (docs and help)
+
+    def describe(self) -> str:
+        shown = ", ".join(f"**{v}**" if v == self.default else v for v in self.values) if self.values else \
+            f"default {self.default!r}"
+        return f"`{self.name}`: {self.help} ({shown})"
 
 
 def choice(name: str, values: tuple[str, ...], default: str, help: str, alias: str | None = None) -> Option:
@@ -59,7 +65,7 @@ def choice(name: str, values: tuple[str, ...], default: str, help: str, alias: s
             raise ConfigError(f"unknown {where} {value!r}; {choices(values)}")
         return value
 
-    return Option(name, default, parse, help, alias)
+    return Option(name, default, parse, help, alias, values)
 
 
 def number(name: str, default: float | int | None, help: str, *, lo: float, hi: float = math.inf,
@@ -80,7 +86,7 @@ def number(name: str, default: float | int | None, help: str, *, lo: float, hi: 
 
 
 # ============================================================================ the scheme
-BlockFactory = Callable[["ModelConfig", dict[str, Any], int], nn.Module]  # (cfg, options, l) -> block
+BlockFactory = Callable[["Parts", dict[str, Any], int], nn.Module]  # (parts, options, l) -> block
 
 
 @dataclass(frozen=True)
@@ -88,11 +94,11 @@ class Scheme:
     name: str
     summary: str  # one line: the block's equation in words
     source: str  # where it comes from (paper, model)
-    build_block: BlockFactory  # (cfg, resolved options, l) -> block; l is the 1-based depth
+    build_block: BlockFactory  # (parts, resolved options, l) -> block; l is the 1-based depth
     init: InitRule = init_normal  # (model) -> None, run under no_grad on a fresh model
     options: tuple[Option, ...] = ()
-    build_final_norm: Callable[["ModelConfig", dict[str, Any]], nn.Module] | None = None  # None: RMSNorm
-    build_embed_norm: Callable[["ModelConfig", dict[str, Any]], nn.Module] | None = None  # None: no norm
+    build_final_norm: Callable[["Parts", dict[str, Any]], nn.Module] | None = None  # None: the family's norm
+    build_embed_norm: Callable[["Parts", dict[str, Any]], nn.Module] | None = None  # None: no norm
     post_init: Callable[[nn.Module], None] | None = None  # e.g. Admin's profiling pass, after ``init``
     check: Callable[["ModelConfig", dict[str, Any]], str | None] | None = None  # options vs shapes: error or None
     extras: dict[str, Any] = field(default_factory=dict)  # free-form facts for docs (e.g. {"lns": True})
@@ -128,23 +134,22 @@ class Scheme:
         return opts
 
     # ------------------------------------------------------------------ building
-    def block(self, cfg: "ModelConfig", layer: int) -> nn.Module:
-        return self.build_block(cfg, self.resolve(cfg.scheme_options), layer)
+    def block(self, parts: "Parts", options: dict[str, Any], layer: int) -> nn.Module:
+        """Block ``layer`` (1-based depth) made of ``parts``, with resolved ``options``."""
+        return self.build_block(parts, options, layer)
 
-    def final_norm(self, cfg: "ModelConfig") -> nn.Module:
-        if self.build_final_norm is None:
-            return RMSNorm(cfg.d_model, cfg.norm_eps)  # never scaled by LNS
-        return self.build_final_norm(cfg, self.resolve(cfg.scheme_options))
+    def final_norm(self, parts: "Parts", options: dict[str, Any]) -> nn.Module:
+        """The norm before the head: the family's norm (never scaled by LNS) unless the scheme says."""
+        return parts.norm() if self.build_final_norm is None else self.build_final_norm(parts, options)
 
-    def embed_norm(self, cfg: "ModelConfig") -> nn.Module:
+    def embed_norm(self, parts: "Parts", options: dict[str, Any]) -> nn.Module:
         """What the embedding output passes through before block 1 (``nn.Identity``: nothing)."""
-        if self.build_embed_norm is None:
-            return nn.Identity()
-        return self.build_embed_norm(cfg, self.resolve(cfg.scheme_options))
+        return nn.Identity() if self.build_embed_norm is None else self.build_embed_norm(parts, options)
 
     def describe(self) -> str:
-        opts = "; ".join(f"`{o.name}` ({o.help}, default {o.default!r})" for o in self.options)
-        return f"{self.summary}. {self.source}." + (f" Options: {opts}." if opts else "")
+        """One paragraph for help texts: the summary, the source and the options."""
+        opts = "; ".join(o.describe() for o in self.options)
+        return f"{self.summary} ({self.source})" + (f". Options: {opts}" if opts else "")
 
 
 # ============================================================================ shared pieces
@@ -165,26 +170,43 @@ def layerscale_eps(n_layers: int, init: float | None) -> float:
     return 0.1 if n_layers <= 18 else 1e-5 if n_layers <= 24 else 1e-6
 
 
-def _rms(cfg: "ModelConfig") -> RMSNorm:
-    return RMSNorm(cfg.d_model, cfg.norm_eps)
+@dataclass(frozen=True)
+class Parts:
+    """What blocks are made of, per model family: a scheme decides where norms, scales and gains go,
+    the family what a norm, an attention and a feed-forward are. The LLaMA decoder's parts are RMSNorm,
+    causal RoPE attention and SwiGLU (``decoder_parts``); a ViT's are LayerNorm, bidirectional
+    attention and a GELU MLP. So every scheme applies to every family, from one registry."""
+
+    d_model: int
+    n_layers: int
+    attention: Callable[[], nn.Module]  # a fresh attention branch, called as attn(x, rope)
+    ffn: Callable[[], nn.Module]  # a fresh feed-forward branch
+    norm: Callable[..., nn.Module]  # norm(scale=1.0): a fresh norm whose output is multiplied by scale
+    group_norm: Callable[[int], nn.Module]  # group_norm(groups): normalises channel groups separately
 
 
-def _attention(cfg: "ModelConfig") -> Attention:
-    qk = (lambda: RMSNorm(cfg.dim_head, cfg.norm_eps)) if cfg.qk_norm else (lambda: None)
-    return Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.qkv_bias, qk(), qk())
+def decoder_parts(cfg: "ModelConfig") -> Parts:
+    """The LLaMA decoder's parts: RMSNorm, causal RoPE attention (QK-norm optional), SwiGLU."""
+    def attention() -> Attention:
+        qk = (lambda: RMSNorm(cfg.dim_head, cfg.norm_eps)) if cfg.qk_norm else (lambda: None)
+        return Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.qkv_bias, qk(), qk())
+
+    return Parts(cfg.d_model, cfg.n_layers, attention, lambda: SwiGLU(cfg.d_model, cfg.d_ff),
+                 lambda scale=1.0: RMSNorm(cfg.d_model, cfg.norm_eps, scale=scale),
+                 lambda groups: GroupRMSNorm(cfg.d_model, groups, cfg.norm_eps))
 
 
-def _pre_block(cfg: "ModelConfig", layer: int, norm: Callable[[], nn.Module] | None = None, **slots) -> PreNormBlock:
-    return PreNormBlock(layer, _attention(cfg), SwiGLU(cfg.d_model, cfg.d_ff), norm or (lambda: _rms(cfg)), **slots)
+def _pre_block(p: Parts, layer: int, norm: Callable[[], nn.Module] | None = None, **slots) -> PreNormBlock:
+    return PreNormBlock(layer, p.attention(), p.ffn(), norm or p.norm, **slots)
 
 
-def _post_block(cfg: "ModelConfig", layer: int, **slots) -> PostNormBlock:
-    return PostNormBlock(layer, _attention(cfg), SwiGLU(cfg.d_model, cfg.d_ff), lambda: _rms(cfg), **slots)
+def _post_block(p: Parts, layer: int, **slots) -> PostNormBlock:
+    return PostNormBlock(layer, p.attention(), p.ffn(), p.norm, **slots)
 
 
 # ============================================================================ the schemes
-def _pre(cfg, opts, layer):
-    return _pre_block(cfg, layer)
+def _pre(p, opts, layer):
+    return _pre_block(p, layer)
 
 
 #: LNS insertion positions (paper Table 8, docs/paper.md §1.4) -> the PreNormBlock slots that carry
@@ -202,60 +224,59 @@ LNS_POSITION = choice("position", tuple(LNS_SLOTS), "after-norm", "where 1/sqrt(
                       alias="lns_position")
 
 
-def _lns(cfg, opts, layer):
+def _lns(p, opts, layer):
     s = lns_scale(layer)
-    slots = {slot: RMSNorm(cfg.d_model, cfg.norm_eps, scale=s) if slot.endswith("_norm") else Scale(s)
-             for slot in LNS_SLOTS[opts["position"]]}
-    return _pre_block(cfg, layer, **slots)
+    slots = {slot: p.norm(scale=s) if slot.endswith("_norm") else Scale(s) for slot in LNS_SLOTS[opts["position"]]}
+    return _pre_block(p, layer, **slots)
 
 
-def _post(cfg, opts, layer):
-    return _post_block(cfg, layer)
+def _post(p, opts, layer):
+    return _post_block(p, layer)
 
 
-def _mix(cfg, opts, layer):
-    n_post = int(math.floor(opts["alpha"] * cfg.n_layers + 0.5))  # round(alpha*L): 3 of 12, 6 of 24
-    return _post_block(cfg, layer) if layer <= n_post else _pre_block(cfg, layer)
+def _mix(p, opts, layer):
+    n_post = int(math.floor(opts["alpha"] * p.n_layers + 0.5))  # round(alpha*L): 3 of 12, 6 of 24
+    return _post_block(p, layer) if layer <= n_post else _pre_block(p, layer)
 
 
-def _deepnorm(cfg, opts, layer):
-    a = deepnorm_alpha(cfg.n_layers)
-    return _post_block(cfg, layer, attn_resid=Scale(a), ffn_resid=Scale(a))
+def _deepnorm(p, opts, layer):
+    a = deepnorm_alpha(p.n_layers)
+    return _post_block(p, layer, attn_resid=Scale(a), ffn_resid=Scale(a))
 
 
-def _sandwich(cfg, opts, layer):
-    return _pre_block(cfg, layer, attn_out=_rms(cfg), ffn_out=_rms(cfg))
+def _sandwich(p, opts, layer):
+    return _pre_block(p, layer, attn_out=p.norm(), ffn_out=p.norm())
 
 
-def _admin(cfg, opts, layer):
+def _admin(p, opts, layer):
     # omega starts at 1 and is set by admin_profile() from a forward pass at init.
-    return _post_block(cfg, layer, attn_resid=ChannelGain(cfg.d_model, 1.0), ffn_resid=ChannelGain(cfg.d_model, 1.0))
+    return _post_block(p, layer, attn_resid=ChannelGain(p.d_model, 1.0), ffn_resid=ChannelGain(p.d_model, 1.0))
 
 
-def _group_ln(cfg, opts, layer):
-    return _pre_block(cfg, layer, norm=lambda: GroupRMSNorm(cfg.d_model, opts["groups"], cfg.norm_eps))
+def _group_ln(p, opts, layer):
+    return _pre_block(p, layer, norm=lambda: p.group_norm(opts["groups"]))
 
 
-def _skipinit(cfg, opts, layer):
-    g = 1.0 / math.sqrt(cfg.n_layers)
-    return _pre_block(cfg, layer, attn_out=ScalarGain(g), ffn_out=ScalarGain(g))
+def _skipinit(p, opts, layer):
+    g = 1.0 / math.sqrt(p.n_layers)
+    return _pre_block(p, layer, attn_out=ScalarGain(g), ffn_out=ScalarGain(g))
 
 
-def _layerscale(cfg, opts, layer):
-    eps = layerscale_eps(cfg.n_layers, opts["init"])
-    return _pre_block(cfg, layer, attn_out=ChannelGain(cfg.d_model, eps), ffn_out=ChannelGain(cfg.d_model, eps))
+def _layerscale(p, opts, layer):
+    eps = layerscale_eps(p.n_layers, opts["init"])
+    return _pre_block(p, layer, attn_out=ChannelGain(p.d_model, eps), ffn_out=ChannelGain(p.d_model, eps))
 
 
-def _peri_ln(cfg, opts, layer):
-    return _pre_block(cfg, layer, attn_out=_rms(cfg), ffn_out=_rms(cfg))
+def _peri_ln(p, opts, layer):
+    return _pre_block(p, layer, attn_out=p.norm(), ffn_out=p.norm())
 
 
-def _dyt(cfg, opts, layer):
-    return _pre_block(cfg, layer, norm=lambda: DyT(cfg.d_model, opts["alpha_init"]))
+def _dyt(p, opts, layer):
+    return _pre_block(p, layer, norm=lambda: DyT(p.d_model, opts["alpha_init"]))
 
 
-def _dyt_final(cfg, opts):
-    return DyT(cfg.d_model, opts["alpha_init"])
+def _dyt_final(p, opts):
+    return DyT(p.d_model, opts["alpha_init"])
 
 
 @torch.no_grad()
@@ -315,7 +336,7 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in [
     Scheme("lns-scaled-init", "LNS + Scaled Init (worse than LNS alone in the paper)", "Sun et al. 2025", _lns,
            init=init_scaled, options=(LNS_POSITION,), extras=_LNS),
     Scheme("peri-ln", "Peri-LN: x + N_out(f(N_in(x))) in each branch, and a norm on the embedding output",
-           "Kim et al. 2025; the Gemma 2/3 placement", _peri_ln, build_embed_norm=lambda cfg, o: _rms(cfg)),
+           "Kim et al. 2025; the Gemma 2/3 placement", _peri_ln, build_embed_norm=lambda p, o: p.norm()),
     Scheme("dyt", "DyT: Pre-LN with every norm replaced by gamma*tanh(alpha*x) + beta", "Zhu et al. 2025", _dyt,
            options=(number("alpha_init", 0.5, "initial alpha of every DyT", lo=0),),
            build_final_norm=_dyt_final),
@@ -337,6 +358,6 @@ def scheme_table() -> str:
     """The README's scheme table (markdown), generated from the registry."""
     rows = ["| name | what it is | source | options |", "|---|---|---|---|"]
     for s in SCHEMES.values():
-        opts = ", ".join(f"`{o.name}`={o.default!r}" for o in s.options) or ""
+        opts = "; ".join(o.describe() for o in s.options)
         rows.append(f"| `{s.name}` | {s.summary} | {s.source} | {opts} |")
     return "\n".join(rows)
