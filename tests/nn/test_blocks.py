@@ -41,3 +41,26 @@ def test_unknown_slot_is_refused_naming_the_slots(cls):
     attn, ffn, norm = parts()
     with pytest.raises(TypeError, match="attn_norm"):
         cls(1, attn, ffn, norm, atn_out=Scale(1.0))
+
+
+def test_layernorm_scale_multiplies_the_whole_output_and_matches_torch():
+    from depthlab.nn import LayerNorm
+
+    ln = LayerNorm(16, eps=1e-6, scale=0.5)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+        ln.bias.uniform_(-1, 1)
+    x = torch.randn(3, 16) * 4
+    ref = torch.nn.functional.layer_norm(x, (16,), ln.weight, ln.bias, 1e-6) * 0.5
+    torch.testing.assert_close(ln(x), ref)
+
+
+def test_bidirectional_attention_sees_the_future_and_causal_does_not():
+    torch.manual_seed(0)
+    causal, bi = Attention(16, 2, 2, 8, True), Attention(16, 2, 2, 8, True, causal=False, out_bias=True)
+    bi.load_state_dict({**causal.state_dict(), "o_proj.bias": torch.zeros(16)})
+    x = torch.randn(1, 6, 16)
+    y = x.clone()
+    y[:, -1] += 1.0  # change only the last token
+    assert torch.allclose(causal(x, None)[:, :-1], causal(y, None)[:, :-1])
+    assert not torch.allclose(bi(x, None)[:, :-1], bi(y, None)[:, :-1])
