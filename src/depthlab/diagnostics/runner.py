@@ -12,20 +12,22 @@ on the number of tokens. Then the Jacobians on a few sampled tokens, the summary
 from __future__ import annotations
 
 import logging
-import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from depthlab.diagnostics.angular import AngularAccumulator, adjacent, pair_matrix_to_layout
 from depthlab.diagnostics.jacobian import block_jacobians
-from depthlab.diagnostics.removal import MCAccumulator, RemovalAccumulator, joint_removal_loss, load_mc
+from depthlab.diagnostics.mc import MCAccumulator, load_mc
+from depthlab.diagnostics.removal import RemovalAccumulator, joint_removal_loss, nll_sum
 from depthlab.diagnostics.summary import removable_blocks, summary_sentence
 from depthlab.diagnostics.targets import Target
 from depthlab.diagnostics.variance import VarianceAccumulator
 from depthlab.errors import DepthlabError
+from depthlab.metrics import perplexity
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +124,6 @@ def diagnose(target: Target, opts: DiagnoseOptions | None = None, command: str |
             if removal is not None:
                 removal.update(cap, x, y, logits, states)
             elif target.causal:
-                from depthlab.diagnostics.removal import nll_sum
-
                 s, n = nll_sum(logits, y)
                 base_loss, base_count = base_loss + s, base_count + n
             if len(jac_seqs) < opts.jac_samples:
@@ -158,7 +158,7 @@ def diagnose(target: Target, opts: DiagnoseOptions | None = None, command: str |
         report["removal"] = removal.result()
         report["loss"] = {"loss": report["removal"]["base_loss"], "ppl": report["removal"]["base_ppl"]}
     elif target.causal and base_count:
-        report["loss"] = {"loss": base_loss / base_count, "ppl": math.exp(min(base_loss / base_count, 700))}
+        report["loss"] = {"loss": base_loss / base_count, "ppl": perplexity(base_loss / base_count)}
 
     if opts.mc and target.causal:
         report["mc"] = _mc(cap, target, opts, L)
