@@ -41,7 +41,14 @@ class DistEnv:
 
 
 def env_world_size() -> int:
+    """The world size torchrun announces (1 outside torchrun)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    """True on rank 0 of a torchrun launch, and outside torchrun (the one place ``RANK`` is read
+    besides :func:`setup`): for work only one process should do, e.g. drawing a run's figures."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def setup(mode: str, device: torch.device) -> DistEnv:
