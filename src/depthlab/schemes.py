@@ -173,3 +173,4 @@ def get_scheme(name: str) -> Scheme:
     if name not in SCHEMES:
         raise ConfigError(f"unknown scheme {name!r}; {choices(SCHEMES)}")
     return SCHEMES[name]
+BASELINE_SCHEME = "pre"  # the scheme every comparison is measured against
