@@ -139,17 +139,9 @@ def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
 
 
 def barrier(env: DistEnv) -> None:
+    """Wait for every rank (no-op in a single process)."""
     if env.active and dist.is_initialized():
         dist.barrier()
-
-
-def broadcast_object(obj, env: DistEnv):
-    """Rank 0's value of ``obj`` on every rank."""
-    if not (env.active and dist.is_initialized()):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def full_state_dicts(module: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer):
