@@ -68,6 +68,6 @@ def test_importing_plots_leaves_the_backend_alone():
 
 
 def test_no_import_cycles():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_import_cycles.py")], capture_output=True,
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_import_cycles.py")], check=False, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -7,16 +7,42 @@
 """
 
 from depthlab.theory.empirical import (
-    MAX_EMPIRICAL_DEPTH, EmpiricalSetup, jacobian_rms_gains, measure_empirical, measure_scheme,
+    MAX_EMPIRICAL_DEPTH,
+    EmpiricalSetup,
+    jacobian_rms_gains,
+    measure_empirical,
+    measure_scheme,
 )
 from depthlab.theory.recursions import (
-    RecursionParams, fit_exponential, fit_power_law, gradient_bound, growth_fits, lns_variance, paper_constants,
-    pre_ln_variance, recursion_report, upper_bound_log10,
+    RecursionParams,
+    fit_exponential,
+    fit_power_law,
+    gradient_bound,
+    growth_fits,
+    lns_variance,
+    paper_constants,
+    pre_ln_variance,
+    recursion_report,
+    upper_bound_log10,
 )
 from depthlab.theory.report import run_theory, summary_lines
 
 __all__ = [
-    "pre_ln_variance", "lns_variance", "upper_bound_log10", "gradient_bound", "paper_constants", "fit_power_law",
-    "fit_exponential", "growth_fits", "RecursionParams", "recursion_report", "EmpiricalSetup", "MAX_EMPIRICAL_DEPTH",
-    "jacobian_rms_gains", "measure_scheme", "measure_empirical", "run_theory", "summary_lines",
+    "MAX_EMPIRICAL_DEPTH",
+    "EmpiricalSetup",
+    "RecursionParams",
+    "fit_exponential",
+    "fit_power_law",
+    "gradient_bound",
+    "growth_fits",
+    "jacobian_rms_gains",
+    "lns_variance",
+    "measure_empirical",
+    "measure_scheme",
+    "paper_constants",
+    "pre_ln_variance",
+    "recursion_report",
+    "run_theory",
+    "summary_lines",
+    "upper_bound_log10",
 ]

@@ -35,8 +35,9 @@ The empirical check on random-init models is :mod:`depthlab.theory.empirical`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

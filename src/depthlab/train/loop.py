@@ -19,9 +19,10 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ from depthlab.train.optim import build_optimizer
 from depthlab.train.rundir import RESUME_KEYS, RunSetup, open_run, write_run_dir
 from depthlab.train.step import Forward, StepResult, autocast_for, train_step
 
-__all__ = ["train", "TrainingDiverged", "RESUME_KEYS"]
+__all__ = ["RESUME_KEYS", "TrainingDiverged", "train"]
 
 log = logging.getLogger(__name__)
 

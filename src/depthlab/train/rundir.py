@@ -17,7 +17,13 @@ from typing import Any
 
 from depthlab.config import ModelConfig
 from depthlab.data import (
-    DEFAULT_TOKENIZER, Tokenizer, build_tokenizer, check_tokenizer_spec, is_shard_dir, iter_documents, load_tokenizer,
+    DEFAULT_TOKENIZER,
+    Tokenizer,
+    build_tokenizer,
+    check_tokenizer_spec,
+    is_shard_dir,
+    iter_documents,
+    load_tokenizer,
     shard_meta,
 )
 from depthlab.errors import DepthlabError

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,7 +26,11 @@ from depthlab.train.config import TrainConfig
 from depthlab.train.optim import lr_at, set_lr
 
 
-def autocast_for(cfg: TrainConfig, device: torch.device) -> Callable[[], ContextManager[Any]]:
+#: A factory of fresh autocast (or null) contexts, one per forward.
+Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+def autocast_for(cfg: TrainConfig, device: torch.device) -> Autocast:
     """A factory of the run's autocast context: bf16 when ``cfg.dtype`` says so (``auto``: on CUDA)."""
     use_bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.type == "cuda")
     return (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
@@ -35,7 +40,7 @@ class Forward:
     """``forward(x, y=None, hidden=False) -> LossOutput``: the (wrapped) loss module on the run's
     device, under its autocast. Inputs move to the device here."""
 
-    def __init__(self, module: nn.Module, device: torch.device, autocast: Callable[[], ContextManager[Any]]) -> None:
+    def __init__(self, module: nn.Module, device: torch.device, autocast: Autocast) -> None:
         self.module, self.device, self.autocast = module, device, autocast
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor | None = None, hidden: bool = False) -> D.LossOutput:
