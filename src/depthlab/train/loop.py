@@ -85,6 +85,7 @@ def _device(cfg: TrainConfig, env_local_rank: int = 0) -> torch.device:
 
 def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, progress: Progress | None,
            quiet: bool, command: str | None, env: D.DistEnv) -> dict[str, Any]:
+    """:func:`train` inside the joined process group: set up, run the steps, write summary.json."""
     t_start = time.perf_counter()
     device = _device(train_cfg, env.local_rank)
     if device.type == "cuda":
