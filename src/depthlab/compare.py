@@ -20,36 +20,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from depthlab.compare_table import COLUMNS, markdown_table
 from depthlab.config import PRESETS
 from depthlab.configure import from_preset
 from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target, write_report
 from depthlab.errors import DepthlabError, choices
-from depthlab.schemes import SCHEMES
+from depthlab.schemes import BASELINE_SCHEME, SCHEMES
 from depthlab.train import TrainConfig, list_checkpoints, train
 
 log = logging.getLogger(__name__)
 
-#: Columns of the table: key -> (header, format, paper reference).
-COLUMNS: dict[str, tuple[str, str]] = {
-    "eval_loss": ("held-out loss", "{:.4f}"),
-    "eval_ppl": ("perplexity", "{:.2f}"),
-    "delta_ppl_vs_pre": ("Δ ppl vs pre", "{:+.2f}"),
-    "last_layer_variance": ("last-block output variance", "{:.3g}"),
-    "deep_angular": ("angular dist. deepest third", "{:.3f}"),
-    "deep_removal_drop": ("removal Δloss deepest third", "{:.4f}"),
-}
-
 
 @dataclass
 class CompareConfig:
-    schemes: list[str]  # scheme names, e.g. ["pre", "lns"]; "pre" is the reference for deltas
+    schemes: list[str]  # scheme names, e.g. ["pre", "lns"]; BASELINE_SCHEME is the reference for deltas
     preset: str = "tiny"  # model preset shared by every run
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields to change (not scheme)
     seeds: list[int] = field(default_factory=lambda: [0])  # one run per scheme and seed
@@ -136,12 +126,13 @@ def run_row(scheme: str, seed: int, summary: dict, report: dict) -> dict[str, An
 
 
 def aggregate(rows: list[dict[str, Any]], schemes: list[str]) -> list[dict[str, Any]]:
-    """Mean (and sample std when several seeds ran) per scheme; deltas vs ``pre`` per seed."""
-    by_seed_pre = {r["seed"]: r for r in rows if r["scheme"] == "pre"}
+    """Mean (and sample std when several seeds ran) per scheme; deltas vs BASELINE_SCHEME per seed
+    (kept under the keys ``delta_*_vs_pre``)."""
+    baseline = {r["seed"]: r for r in rows if r["scheme"] == BASELINE_SCHEME}
     for r in rows:
-        if r["seed"] in by_seed_pre:
-            r["delta_ppl_vs_pre"] = r["eval_ppl"] - by_seed_pre[r["seed"]]["eval_ppl"]
-            r["delta_loss_vs_pre"] = r["eval_loss"] - by_seed_pre[r["seed"]]["eval_loss"]
+        if r["seed"] in baseline:
+            r["delta_ppl_vs_pre"] = r["eval_ppl"] - baseline[r["seed"]]["eval_ppl"]
+            r["delta_loss_vs_pre"] = r["eval_loss"] - baseline[r["seed"]]["eval_loss"]
     table = []
     for scheme in schemes:
         mine = [r for r in rows if r["scheme"] == scheme]
@@ -155,24 +146,6 @@ def aggregate(rows: list[dict[str, Any]], schemes: list[str]) -> list[dict[str, 
                 agg[key + "_std"] = statistics.stdev(values)
         table.append(agg)
     return table
-
-
-def markdown_table(table: list[dict[str, Any]]) -> str:
-    keys = [k for k in COLUMNS if any(k in row for row in table)]
-    lines = ["| scheme | " + " | ".join(COLUMNS[k][0] for k in keys) + " |",
-             "|---|" + "---:|" * len(keys)]
-    for row in table:
-        cells = []
-        for k in keys:
-            if k not in row or row[k] is None or (isinstance(row[k], float) and math.isnan(row[k])):
-                cells.append("–")
-                continue
-            cell = COLUMNS[k][1].format(row[k])
-            if k + "_std" in row:
-                cell += " ± " + COLUMNS[k][1].format(row[k + "_std"]).lstrip("+")
-            cells.append(cell)
-        lines.append(f"| {row['scheme']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, command: str | None = None,
@@ -211,7 +184,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
               "columns": {k: v[0] for k, v in COLUMNS.items()}}
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "summary.md").write_text(_summary_md(cfg, table, command))
-    from depthlab.compare_report import write_compare_report
+    from depthlab.compare_report import write_compare_report  # late: matplotlib only when drawing
 
     result["figures"] = write_compare_report(result, out)
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")

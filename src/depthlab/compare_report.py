@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from depthlab import htmlpage as H
+from depthlab.compare_table import COLUMNS, format_cell, shown_columns
 from depthlab.plots import compare as P
+from depthlab.schemes import BASELINE_SCHEME
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -51,20 +53,11 @@ def write_compare_report(result: dict[str, Any], out: str | Path) -> dict[str, s
 
 
 def render(result: dict[str, Any], out: Path, figs: dict[str, str]) -> str:
-    from depthlab.compare import COLUMNS
-
     s = result["settings"]
     t = s["train"]
-    keys = [k for k in COLUMNS if any(k in row for row in result["table"])]
-
-    def cell(row: dict, k: str) -> str:
-        if row.get(k) is None:
-            return "–"
-        text = COLUMNS[k][1].format(row[k])
-        return text + (" ± " + COLUMNS[k][1].format(row[k + "_std"]).lstrip("+") if k + "_std" in row else "")
-
+    keys = shown_columns(result["table"])
     table = H.table(["scheme", *(COLUMNS[k][0] for k in keys)],
-                    [[row["scheme"], *(cell(row, k) for k in keys)] for row in result["table"]])
+                    [[row["scheme"], *(format_cell(row, k) for k in keys)] for row in result["table"]])
     per_run = H.table(["run", "held-out loss", "ppl", "tokens", "train wall (s)", "diagnosis summary"],
                       [[f"{r['scheme']} seed {r['seed']}", f"{r['eval_loss']:.4f}", f"{r['eval_ppl']:.2f}",
                         f"{r['tokens']:,}", f"{r['wall_s']:.0f}",
@@ -81,7 +74,8 @@ def render(result: dict[str, Any], out: Path, figs: dict[str, str]) -> str:
         "<p>Every scheme trained with the same seed, data order, token budget and hyper-parameters; "
         "then diagnosed on the same held-out text.</p>",
         "<h2>Results</h2>", table,
-        f'<p class="muted">Deepest third = blocks {H.esc(deep)}. Δ ppl is per seed against <code>pre</code>. '
+        f'<p class="muted">Deepest third = blocks {H.esc(deep)}. '
+        f"Δ ppl is per seed against <code>{H.esc(BASELINE_SCHEME)}</code>. "
         "Last-block variance is the training probe's at the final step.</p>",
         "<h2>Loss</h2>", H.img(out / figs["loss_curves"], "loss curves"),
         "<h2>Layerwise output variance</h2>", H.img(out / figs["variance_by_depth"], "variance by depth"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class DepthlabError(ValueError):
@@ -19,6 +19,7 @@ def choices(valid: Iterable[str]) -> str:
 
 
 def first_line(err: BaseException) -> str:
-    """The first line of an exception's message (its type name when the message is empty)."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    """The first non-empty line of an exception's message, or its type name when it has none
+    (how a wrapped library error becomes one line of a DepthlabError or of the CLI's stderr)."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__

@@ -15,7 +15,7 @@ import logging
 import pkgutil
 import sys
 
-from depthlab.errors import DepthlabError
+from depthlab.errors import DepthlabError, first_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"depthlab {depthlab.__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.set_defaults(argv=None)  # main() records the arguments here, for provenance.command_line
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):
@@ -40,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(message)s" if not args.verbose else "%(levelname)s %(name)s: %(message)s",
@@ -49,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args)
     except (DepthlabError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as err:
-        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"depthlab {args.command}: error: {msg}", file=sys.stderr)
+        print(f"depthlab {args.command}: error: {first_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"depthlab {args.command}: interrupted", file=sys.stderr)

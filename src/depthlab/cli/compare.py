@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 
 USAGE = """\
 examples:
@@ -91,5 +89,7 @@ def run_and_print(cfg, out: str, command: str) -> int:
 
 
 def main(args) -> int:
-    command = "depthlab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    from depthlab.provenance import command_line
+
+    command = command_line(args.argv)
     return run_and_print(build_config(args, args.schemes, args.preset, args.model_set), args.out, command)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 
 from depthlab.cli.compare import add_shared_arguments, build_config, run_and_print
+from depthlab.provenance import command_line
 
 #: Sized to finish within 5 minutes on 2 CPU cores, tokenizer training, two runs and their
 #: diagnostics included (measured: README).
@@ -35,5 +34,5 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    command = "depthlab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = command_line(args.argv)
     return run_and_print(build_config(args, ["pre", "lns"], "tiny", None), args.out, command)

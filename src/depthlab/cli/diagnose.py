@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shlex
 import sys
 
 log = logging.getLogger("depthlab.diagnose")
@@ -94,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target, write_report
     from depthlab.errors import DepthlabError
+    from depthlab.provenance import command_line
 
     for name in ("tokens", "seq_len", "batch_size", "jac_samples", "jac_context"):
         if getattr(args, name) < 1:
@@ -114,9 +114,7 @@ def run(args: argparse.Namespace) -> int:
         identity_threshold=args.identity_threshold, joint_check=not args.no_joint_check,
         progress=not args.no_progress and sys.stderr.isatty(),
     )
-    command = "depthlab " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv and sys.argv[0].endswith("depthlab") \
-        else "depthlab diagnose " + " ".join(shlex.quote(a) for a in _argv_of(args))
-    report = diagnose(target, opts, command=command)
+    report = diagnose(target, opts, command=command_line(args.argv))
     out = Path(args.out or Path("reports") / Path(args.target.replace("preset:", "")).name.replace(".gguf", ""))
     page = write_report(report, out)
     if report["data"]["short"]:
@@ -125,11 +123,3 @@ def run(args: argparse.Namespace) -> int:
     print(report["summary"])
     print(f"report: {page}")
     return 0
-
-
-def _argv_of(args: argparse.Namespace) -> list[str]:
-    """Best-effort reconstruction of the command line (when not run through the console script)."""
-    argv = sys.argv[1:]
-    if "diagnose" in argv:
-        return argv[argv.index("diagnose") + 1:]
-    return [args.target]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 
 USAGE = """\
 usage examples:
@@ -57,6 +55,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from depthlab.provenance import command_line
     from depthlab.theory import EmpiricalSetup, RecursionParams, run_theory, summary_lines
 
     params = RecursionParams(c=args.c, sigma1_sq=args.sigma1_sq, A=args.A, B=args.B)
@@ -64,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         depth=args.empirical_depth, d_model=args.width, n_heads=args.heads, seq_len=args.seq_len,
         batch_size=args.batch_size, seeds=_seeds(args.seeds), init_std=args.init_std,
     )
-    command = "depthlab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = command_line(args.argv)
     result = run_theory(args.depth, args.out, params, setup, empirical=setup is not None, command=command)
     for line in summary_lines(result):
         print(line)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -121,16 +119,17 @@ def build_configs(args):
 
 
 def run(args) -> int:
+    from depthlab.provenance import command_line
     from depthlab.train import TrainingDiverged, train
+    from depthlab.train.distributed import is_main_process
 
     model_cfg, train_cfg, out, resume = build_configs(args)
-    command = "depthlab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
-        summary = train(model_cfg, train_cfg, out, resume=resume, quiet=args.quiet, command=command)
+        summary = train(model_cfg, train_cfg, out, resume=resume, quiet=args.quiet, command=command_line(args.argv))
     except TrainingDiverged as err:
         print(f"depthlab train: error: {err}", file=sys.stderr)
         return 1
-    if int(os.environ.get("RANK", "0")) == 0:
+    if is_main_process():
         if not args.no_plots:
             from depthlab.plots.training import run_figures
 

@@ -31,10 +31,10 @@ import torch
 from depthlab.data.corpora import SHARDS_META, builtin_path, iter_documents, resolve_files
 from depthlab.data.tokenizers import Tokenizer, default_cache_dir
 from depthlab.errors import DepthlabError
+from depthlab.model import IGNORE_INDEX  # the loss convention is the model's; re-exported by depthlab.data
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
 ENCODE_CHUNK = 512  # documents per encode_batch call
 
 

@@ -24,10 +24,10 @@ import importlib.util
 import json
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-from depthlab.errors import DepthlabError, choices
+from depthlab.errors import DepthlabError, choices, first_line
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def _iter_hf(spec: str, split: str, text_field: str) -> Iterator[str]:
         builder = datasets.load_dataset_builder(name, config or None)
         available = list((builder.info.splits or {}).keys())
     except Exception as err:  # offline, unknown name, ...
-        raise DepthlabError(f"cannot open dataset {spec!r}: {str(err).splitlines()[0] if str(err) else err}") from None
+        raise DepthlabError(f"cannot open dataset {spec!r}: {first_line(err)}") from None
     held = [s for s in ("validation", "valid", "test") if s in available]
     hf_split = held[0] if (split == "val" and held) else "train"
     # without a held-out split of its own, hold out by hash of the text, as for local files

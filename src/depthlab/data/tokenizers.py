@@ -21,10 +21,10 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
-from depthlab.errors import DepthlabError
+from depthlab.errors import DepthlabError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class HFTokenizersTokenizer(Tokenizer):
         self.tok.save(str(directory / "tokenizer.json"))
 
     @classmethod
-    def load(cls, directory: Path, spec: str) -> "HFTokenizersTokenizer":
+    def load(cls, directory: Path, spec: str) -> HFTokenizersTokenizer:
         from tokenizers import Tokenizer as _Tok
 
         return cls(_Tok.from_file(str(directory / "tokenizer.json")), spec)
@@ -158,7 +158,7 @@ class AutoTokenizerWrapper(Tokenizer):
         self.tok.save_pretrained(str(directory))
 
     @classmethod
-    def from_spec(cls, spec: str) -> "AutoTokenizerWrapper":
+    def from_spec(cls, spec: str) -> AutoTokenizerWrapper:
         name = spec[3:]
         if not name:
             raise DepthlabError(f"tokenizer {spec!r}: expected hf:NAME_OR_PATH")
@@ -173,8 +173,7 @@ class AutoTokenizerWrapper(Tokenizer):
         try:
             tok = AutoTokenizer.from_pretrained(name, **kwargs)
         except Exception as err:  # offline, unknown repo, missing gguf extra, ...
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise DepthlabError(f"cannot load tokenizer {spec!r}: {first}") from None
+            raise DepthlabError(f"cannot load tokenizer {spec!r}: {first_line(err)}") from None
         return cls(tok, spec)
 
 

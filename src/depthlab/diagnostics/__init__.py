@@ -7,14 +7,15 @@ layerwise variance, block Jacobians; ``depthlab diagnose`` and its report.
     write_report(report, "reports/smollm2")
 
 Lower level: :class:`ResidualCapture` (hooks reading the residual stream, replay for removal),
-:class:`AngularAccumulator`, :class:`VarianceAccumulator`, :class:`RemovalAccumulator`,
+:class:`AngularAccumulator`, :class:`VarianceAccumulator`, :class:`RemovalAccumulator`, :class:`MCAccumulator`,
 :func:`block_jacobians`.
 """
 
 from depthlab.diagnostics.angular import AngularAccumulator, adjacent, pair_matrix_to_layout
 from depthlab.diagnostics.capture import LayerCall, ResidualCapture, find_layers
 from depthlab.diagnostics.jacobian import block_jacobian, block_jacobians
-from depthlab.diagnostics.removal import MCAccumulator, RemovalAccumulator, joint_removal_loss, load_mc, nll_sum
+from depthlab.diagnostics.mc import MCAccumulator, MCItem, load_mc
+from depthlab.diagnostics.removal import RemovalAccumulator, joint_removal_loss, nll_sum
 from depthlab.diagnostics.report import render_html, write_report
 from depthlab.diagnostics.runner import DiagnoseOptions, diagnose
 from depthlab.diagnostics.summary import removable_blocks, summary_sentence
@@ -22,8 +23,28 @@ from depthlab.diagnostics.targets import SHORT_NAMES, Target, load_target
 from depthlab.diagnostics.variance import VarianceAccumulator
 
 __all__ = [
-    "ResidualCapture", "LayerCall", "find_layers", "AngularAccumulator", "adjacent", "pair_matrix_to_layout",
-    "VarianceAccumulator", "RemovalAccumulator", "MCAccumulator", "joint_removal_loss", "load_mc", "nll_sum",
-    "block_jacobian", "block_jacobians", "removable_blocks", "summary_sentence", "DiagnoseOptions", "diagnose",
-    "write_report", "render_html", "Target", "load_target", "SHORT_NAMES",
+    "SHORT_NAMES",
+    "AngularAccumulator",
+    "DiagnoseOptions",
+    "LayerCall",
+    "MCAccumulator",
+    "MCItem",
+    "RemovalAccumulator",
+    "ResidualCapture",
+    "Target",
+    "VarianceAccumulator",
+    "adjacent",
+    "block_jacobian",
+    "block_jacobians",
+    "diagnose",
+    "find_layers",
+    "joint_removal_loss",
+    "load_mc",
+    "load_target",
+    "nll_sum",
+    "pair_matrix_to_layout",
+    "removable_blocks",
+    "render_html",
+    "summary_sentence",
+    "write_report",
 ]

@@ -7,32 +7,17 @@ import html
 import json
 import logging
 import math
-import platform
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from depthlab.htmlpage import CSS, img
+from depthlab.htmlpage import img, page
 from depthlab.htmlpage import kv_table as _kv
+from depthlab.provenance import versions
 
 log = logging.getLogger(__name__)
-
-
-def _versions() -> dict[str, str]:
-    import torch
-
-    import depthlab
-
-    out = {"depthlab": depthlab.__version__, "torch": torch.__version__, "python": platform.python_version()}
-    try:
-        import transformers
-
-        out["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    return out
 
 
 def _clean(x: Any) -> Any:
@@ -84,16 +69,16 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
     report = dict(report)
     mats = report.pop("_matrices", None) or {}
     report.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    report.setdefault("versions", _versions())
+    report.setdefault("versions", versions())
     report["figures"] = make_figures({**report, "_matrices": mats}, out)
     if mats:
         np.savez_compressed(out / "jacobians.npz", **{f"block_{l}": np.asarray(m) for l, m in mats.items()})
         report["jacobian"]["matrices_file"] = "jacobians.npz"
     (out / "report.json").write_text(json.dumps(_clean(report), indent=1) + "\n")
-    page = out / "report.html"
-    page.write_text(render_html(report, out))
-    log.info("wrote %s", page)
-    return page
+    path = out / "report.html"
+    path.write_text(render_html(report, out))
+    log.info("wrote %s", path)
+    return path
 
 
 # ---------------------------------------------------------------------- HTML
@@ -142,9 +127,7 @@ def render_html(report: dict[str, Any], out: Path) -> str:
                 + (f" (asked for {d['tokens_requested']:,}; the data holds no more)" if d.get("short") else "")),
                 ("sequence length", d["seq_len"]), ("batch size", d["batch_size"]),
                 ("held-out loss / ppl", f"{report['loss']['loss']:.4f} / {report['loss']['ppl']:.2f}" if "loss" in report else None)])
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>depthlab diagnose — {html.escape(name)}</title>",
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>Curse-of-Depth diagnostics — {html.escape(name)}</h1>",
+    parts = [f"<h1>Curse-of-Depth diagnostics — {html.escape(name)}</h1>",
              f'<p class="summary">{html.escape(report["summary"])}</p>',
              "<h2>Model</h2>", shape, "<h2>Data</h2>", data,
              "<h2>Angular distance</h2>",
@@ -175,5 +158,5 @@ def render_html(report: dict[str, Any], out: Path) -> str:
               "<h2>Provenance</h2>",
               _kv([("command", report.get("command")), ("created", report.get("created")), ("seconds", report.get("seconds")),
                    ("versions", ", ".join(f"{k} {v}" for k, v in (report.get("versions") or {}).items()))]),
-              '<p class="muted">All numbers: report.json beside this page.</p></body></html>']
-    return "\n".join(p for p in parts if p)
+              '<p class="muted">All numbers: report.json beside this page.</p>']
+    return page(f"depthlab diagnose — {name}", (p + "\n" for p in parts if p))

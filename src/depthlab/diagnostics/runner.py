@@ -12,20 +12,22 @@ on the number of tokens. Then the Jacobians on a few sampled tokens, the summary
 from __future__ import annotations
 
 import logging
-import math
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
 from depthlab.diagnostics.angular import AngularAccumulator, adjacent, pair_matrix_to_layout
 from depthlab.diagnostics.jacobian import block_jacobians
-from depthlab.diagnostics.removal import MCAccumulator, RemovalAccumulator, joint_removal_loss, load_mc
+from depthlab.diagnostics.mc import MCAccumulator, load_mc
+from depthlab.diagnostics.removal import RemovalAccumulator, joint_removal_loss, nll_sum
 from depthlab.diagnostics.summary import removable_blocks, summary_sentence
 from depthlab.diagnostics.targets import Target
 from depthlab.diagnostics.variance import VarianceAccumulator
 from depthlab.errors import DepthlabError
+from depthlab.metrics import perplexity
 
 log = logging.getLogger(__name__)
 
@@ -107,71 +109,91 @@ def diagnose(target: Target, opts: DiagnoseOptions | None = None, command: str |
     cap = target.capture()
     L = cap.n_layers
     batches = _Batches(target, opts)
-    angular = AngularAccumulator(L + 1)
-    variance = VarianceAccumulator(L + 1)
+    streamed = _stream(cap, batches, target, opts)
+    report = _stream_report(streamed, target, opts, batches, command)
+    if opts.mc and target.causal:
+        report["mc"] = _mc(cap, target, opts, L)
+    if opts.jacobian:
+        jac = _jacobians(cap, streamed.jac_seqs, batches.seq_len, opts, L)
+        report["_matrices"] = jac.pop("matrices")
+        report["jacobian"] = jac
+    if "removal" in report:
+        joint = (lambda skip: joint_removal_loss(cap, batches, skip)) if opts.joint_check else None
+        report["removal"]["removable"] = removable_blocks(report["removal"], opts.loss_budget, joint)
+    report["summary"] = summary_sentence(report, opts.identity_threshold, opts.loss_budget)
+    report["seconds"] = round(time.time() - t0, 2)
+    return report
+
+
+@dataclass
+class _Streamed:
+    """What one pass over the held-out batches accumulates."""
+
+    angular: AngularAccumulator
+    variance: VarianceAccumulator
+    removal: RemovalAccumulator | None  # causal LMs with opts.removal
+    jac_seqs: list[torch.Tensor] = field(default_factory=list)  # the first jac_samples input rows
+    base_loss: float = 0.0  # summed loss when there is no removal sweep (causal LMs)
+    base_count: int = 0
+
+
+def _stream(cap, batches: _Batches, target: Target, opts: DiagnoseOptions) -> _Streamed:
+    """Per batch: one captured forward, the angular / variance accumulators, the removal sweep (or
+    the plain loss); keeps a few input rows for the Jacobians. Raises when the data gave nothing."""
+    L = cap.n_layers
     removal = RemovalAccumulator(L) if (opts.removal and target.causal) else None
-    jac_seqs: list[torch.Tensor] = []
-    base_loss, base_count = 0.0, 0
+    acc = _Streamed(AngularAccumulator(L + 1), VarianceAccumulator(L + 1), removal)
     n_seq = batches.requested // batches.seq_len
-    bar = _tqdm(n_seq, "residual stream" + (" + removal sweep" if removal else ""), opts.progress, "seq")
-    with bar:
+    with _tqdm(n_seq, "residual stream" + (" + removal sweep" if removal else ""), opts.progress, "seq") as bar:
         for x, y in batches:
             logits, states = cap.run(x)
-            angular.update(states)
-            variance.update(states)
+            acc.angular.update(states)
+            acc.variance.update(states)
             if removal is not None:
                 removal.update(cap, x, y, logits, states)
             elif target.causal:
-                from depthlab.diagnostics.removal import nll_sum
-
                 s, n = nll_sum(logits, y)
-                base_loss, base_count = base_loss + s, base_count + n
-            if len(jac_seqs) < opts.jac_samples:
-                jac_seqs.extend(row.detach() for row in x[: opts.jac_samples - len(jac_seqs)])
+                acc.base_loss, acc.base_count = acc.base_loss + s, acc.base_count + n
+            if len(acc.jac_seqs) < opts.jac_samples:
+                acc.jac_seqs.extend(row.detach() for row in x[: opts.jac_samples - len(acc.jac_seqs)])
             del logits, states
             bar.update(x.shape[0])
-    if angular.count == 0:
+    if acc.angular.count == 0:
         raise DepthlabError(f"data {opts.data!r} gave no {batches.split} text to evaluate (empty, or shorter than one "
                             f"sequence of {batches.seq_len + int(target.causal)} tokens)")
-    tokens = angular.count
     if batches.short:
         log.warning("data %r holds only %d tokens in its %s split (asked for %d): using what there is",
-                    opts.data, tokens, batches.split, opts.tokens)
-    mean = angular.mean()
+                    opts.data, acc.angular.count, batches.split, opts.tokens)
+    return acc
+
+
+def _stream_report(acc: _Streamed, target: Target, opts: DiagnoseOptions, batches: _Batches,
+                   command: str | None) -> dict[str, Any]:
+    """The report's model, data, angular, variance, removal and loss sections."""
+    mean = acc.angular.mean()
+    L = mean.shape[0] - 1
     report: dict[str, Any] = {
         "model": {"name": target.name, "kind": target.kind, **{k: v for k, v in target.info.items() if k != "config"}},
         "model_config": target.info.get("config"),
-        "data": {"spec": opts.data, "split": batches.split, "tokens": tokens, "tokens_requested": opts.tokens,
-                 "short": batches.short, "seq_len": batches.seq_len, "batch_size": opts.batch_size},
+        "data": {"spec": opts.data, "split": batches.split, "tokens": acc.angular.count,
+                 "tokens_requested": opts.tokens, "short": batches.short, "seq_len": batches.seq_len,
+                 "batch_size": opts.batch_size},
         "options": asdict(opts),
         "command": command,
         "angular": {
-            "layout": "matrix[n-1][l-1] = d(x^l, x^{l+n}) = mean over tokens of arccos(cos)/pi; x^l = input of block l, "
-                      "x^{L+1} = output of block L; null where l+n > L+1",
+            "layout": "matrix[n-1][l-1] = d(x^l, x^{l+n}) = mean over tokens of arccos(cos)/pi; "
+                      "x^l = input of block l, x^{L+1} = output of block L; null where l+n > L+1",
             "matrix": pair_matrix_to_layout(mean),
             "adjacent": adjacent(mean),  # block l = d(x^l, x^{l+1})
             "to_last": [float(mean[i, L]) for i in range(L)],  # d(x^l, x^{L+1})
         },
-        "variance": variance.result(),
+        "variance": acc.variance.result(),
     }
-    if removal is not None:
-        report["removal"] = removal.result()
+    if acc.removal is not None:
+        report["removal"] = acc.removal.result()
         report["loss"] = {"loss": report["removal"]["base_loss"], "ppl": report["removal"]["base_ppl"]}
-    elif target.causal and base_count:
-        report["loss"] = {"loss": base_loss / base_count, "ppl": math.exp(min(base_loss / base_count, 700))}
-
-    if opts.mc and target.causal:
-        report["mc"] = _mc(cap, target, opts, L)
-    if opts.jacobian:
-        jac = _jacobians(cap, jac_seqs, batches.seq_len, opts, L)
-        report["_matrices"] = jac.pop("matrices")
-        report["jacobian"] = jac
-    if "removal" in report:
-        removable = removable_blocks(report["removal"], opts.loss_budget,
-                                     (lambda skip: joint_removal_loss(cap, batches, skip)) if opts.joint_check else None)
-        report["removal"]["removable"] = removable
-    report["summary"] = summary_sentence(report, opts.identity_threshold, opts.loss_budget)
-    report["seconds"] = round(time.time() - t0, 2)
+    elif target.causal and acc.base_count:
+        report["loss"] = {"loss": acc.base_loss / acc.base_count, "ppl": perplexity(acc.base_loss / acc.base_count)}
     return report
 
 

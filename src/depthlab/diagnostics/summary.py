@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from depthlab.metrics import perplexity
 
 
 def ranges(blocks: Sequence[int]) -> str:
@@ -83,9 +85,5 @@ def summary_sentence(report: dict[str, Any], identity_threshold: float, budget: 
     else:
         second = (f"{rem['k']} block{'s' if rem['k'] > 1 else ''} ({ranges(rem['blocks'])}) can be removed within a "
                   f"{budget:g}-nat loss budget ({how}: loss {base:.3f} -> {rem['loss']:.3f}, "
-                  f"ppl {_ppl(base):.2f} -> {_ppl(rem['loss']):.2f})")
+                  f"ppl {perplexity(base):.2f} -> {perplexity(rem['loss']):.2f})")
     return f"{first}; {second}."
-
-
-def _ppl(x: float) -> float:
-    return math.exp(min(x, 700))

@@ -21,15 +21,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from depthlab.diagnostics.capture import ResidualCapture, find_layers
-from depthlab.errors import DepthlabError
+from depthlab.errors import DepthlabError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def _hf_tokenizer(path: str, **kwargs: Any):
     except DepthlabError:
         raise
     except Exception as err:  # noqa: BLE001 - any loader failure becomes one line
-        log.warning("no tokenizer for %s (%s); pass token data another way", path, str(err).splitlines()[0][:120])
+        log.warning("no tokenizer for %s (%s); pass token data another way", path, first_line(err)[:120])
         return None
 
 
@@ -123,8 +124,7 @@ def _causal_from_pretrained(path: str, dtype: torch.dtype, **kwargs: Any) -> nn.
     except DepthlabError:
         raise
     except Exception as err:  # noqa: BLE001 - OSError, ValueError (unsupported config), ...
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DepthlabError(f"cannot load a Hugging Face causal LM from {path!r}: {first[:300]}") from None
+        raise DepthlabError(f"cannot load a Hugging Face causal LM from {path!r}: {first_line(err)[:300]}") from None
 
 
 def _encoder(path: str, dtype: torch.dtype) -> nn.Module:
@@ -133,8 +133,7 @@ def _encoder(path: str, dtype: torch.dtype) -> nn.Module:
     try:
         return AutoModel.from_pretrained(path, dtype=dtype)
     except Exception as err:  # noqa: BLE001
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DepthlabError(f"cannot load a Hugging Face encoder from {path!r}: {first[:300]}") from None
+        raise DepthlabError(f"cannot load a Hugging Face encoder from {path!r}: {first_line(err)[:300]}") from None
 
 
 def _is_encoder_dir(path: Path) -> bool:

@@ -2,14 +2,17 @@
 
 For each residual state x^l (l = 1..L+1; x^{l+1} is the output of block l): the variance of all its
 elements over the evaluated tokens (Fig 4's "output variance"), its RMS, and the mean per-token L2
-norm; from which the norm growth per block ||x^{l+1}|| / ||x^l||. Sums are float64.
+norm; from which the norm growth per block ||x^{l+1}|| / ||x^l||. Sums are float64; the variance is
+:func:`depthlab.metrics.element_variance`'s (the trainer's probe), streamed over batches.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
+
+from depthlab.metrics import variance_from_sums
 
 
 class VarianceAccumulator:
@@ -40,8 +43,7 @@ class VarianceAccumulator:
         n = self.tokens * self.width
         if n == 0:
             raise ValueError("no tokens were added")
-        mean = self.sum / n
-        var = self.sumsq / n - mean.square()
+        var = variance_from_sums(self.sum, self.sumsq, n)
         norm = self.norm_sum / self.tokens
         return {
             "variance": var.tolist(),  # element variance of x^l, l = 1..L+1

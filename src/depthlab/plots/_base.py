@@ -1,24 +1,43 @@
-"""What every figure module shares: resolution, saving, tick spacing."""
+"""What every figure module shares: figure creation, resolution, saving, colours, tick spacing.
+
+Figures are built with :class:`matplotlib.figure.Figure` directly (never pyplot), so drawing needs no
+GUI backend and leaves matplotlib's global backend alone; :func:`save` renders through Agg.
+"""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
-import matplotlib.pyplot as plt
+import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Colormap
+from matplotlib.figure import Figure
 
 DPI = 130
 
 
-def save(fig, path: str | Path, layout: bool = True) -> Path:
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], **kw: Any) -> tuple[Figure, Any]:
+    """``(figure, axes)`` like ``pyplot.subplots``, without pyplot: a standalone Figure."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kw)
+
+
+def colormap(name: str) -> Colormap:
+    """A registered matplotlib colour map by name (e.g. "viridis", "tab10")."""
+    return matplotlib.colormaps[name]
+
+
+def save(fig: Figure, path: str | Path, layout: bool = True) -> Path:
     """Lay out (unless ``layout=False``, e.g. with a shared colour bar), write ``path`` as PNG
-    (creating its folder), close the figure, return the path."""
+    through the Agg canvas (creating its folder), return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)  # attaches itself to the figure: PNG output without any GUI backend
     if layout:
         fig.tight_layout()
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 

@@ -5,26 +5,25 @@ Every function takes ``{scheme: numbers}`` mappings, writes one PNG and returns 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 
-from depthlab.plots._base import save, ticks
+from depthlab.plots._base import colormap, save, subplots, ticks
 
 Curve = tuple[Sequence[int], Sequence[float]]
 
 
 def _colors(names) -> dict[str, tuple]:
-    cmap = plt.get_cmap("tab10")
+    cmap = colormap("tab10")
     return {name: cmap(i % 10) for i, name in enumerate(names)}
 
 
 def loss_curves(train: Mapping[str, Curve], evals: Mapping[str, Curve], path: str | Path) -> Path:
     """Training loss (lines) and held-out loss (markers) of every scheme, overlaid."""
     colors = _colors(train)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = subplots(figsize=(7, 4))
     for name, (steps, loss) in train.items():
         ax.plot(steps, loss, lw=1.1, color=colors[name], alpha=0.85, label=f"{name} train")
         if name in evals and len(evals[name][0]):
@@ -40,7 +39,7 @@ def loss_curves(train: Mapping[str, Curve], evals: Mapping[str, Curve], path: st
 def variance_by_depth(variances: Mapping[str, Sequence[float]], path: str | Path) -> Path:
     """Output variance of every block at the end of training (paper Fig 4, right)."""
     colors = _colors(variances)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = subplots(figsize=(7, 4))
     L = max(len(v) for v in variances.values())
     for name, v in variances.items():
         ax.plot(range(1, len(v) + 1), v, "o-", ms=3.5, color=colors[name], label=name)
@@ -59,11 +58,11 @@ def variance_over_training(series: Mapping[str, tuple[Sequence[int], Sequence[Se
     """One panel per scheme: each block's output variance against step, darker = deeper block;
     a shared log y-axis so the schemes compare at a glance (paper Fig 4, left)."""
     n = len(series)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.8), sharey=True, squeeze=False)
+    fig, axes = subplots(1, n, figsize=(4.2 * n, 3.8), sharey=True, squeeze=False)
     for ax, (name, (steps, rows)) in zip(axes[0], series.items()):
         v = np.asarray(rows, dtype=float)  # (probes, L)
         L = v.shape[1]
-        shades = plt.cm.viridis(np.linspace(0.9, 0.05, L))
+        shades = colormap("viridis")(np.linspace(0.9, 0.05, L))
         for l in range(L):
             ax.plot(steps, v[:, l], color=shades[l], lw=1.1, label=f"block {l + 1}" if l in (0, L - 1) else None)
         ax.set_yscale("log")
@@ -81,7 +80,7 @@ def angular_heatmaps(matrices: Mapping[str, Sequence[Sequence[float | None]]], p
     ms = {k: np.array([[np.nan if x is None else x for x in row] for row in m], dtype=float) for k, m in matrices.items()}
     vmax = max(0.5, max(float(np.nanmax(m)) for m in ms.values()))
     n = len(ms)
-    fig, axes = plt.subplots(1, n, figsize=(4.6 * n + 0.8, 4.2), squeeze=False)
+    fig, axes = subplots(1, n, figsize=(4.6 * n + 0.8, 4.2), squeeze=False)
     im = None
     for ax, (name, m) in zip(axes[0], ms.items()):
         L = m.shape[1]
@@ -103,7 +102,7 @@ def removal_drops(drops: Mapping[str, Sequence[float]], path: str | Path) -> Pat
     n = len(drops)
     L = max(len(v) for v in drops.values())
     width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(max(7, 0.45 * L * n / 2 + 3), 4))
+    fig, ax = subplots(figsize=(max(7, 0.45 * L * n / 2 + 3), 4))
     for i, (name, v) in enumerate(drops.items()):
         x = np.arange(1, len(v) + 1) + (i - (n - 1) / 2) * width
         ax.bar(x, v, width=width, color=colors[name], label=name)

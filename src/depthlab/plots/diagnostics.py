@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 
-from depthlab.plots._base import save, ticks
-
-
+from depthlab.plots._base import save, subplots, ticks
 
 
 def angular_heatmap(matrix: Sequence[Sequence[float | None]], path: str | Path, title: str = "") -> Path:
     """The paper's layout: x = block l, y = n; colour = d(x^l, x^{l+n}). ``matrix[n-1][l-1]``."""
     m = np.array([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
     L = m.shape[1]
-    fig, ax = plt.subplots(figsize=(6.4, 5.2))
+    fig, ax = subplots(figsize=(6.4, 5.2))
     im = ax.imshow(m, origin="lower", cmap="viridis", vmin=0.0, vmax=max(0.5, float(np.nanmax(m))), aspect="auto",
                    extent=(0.5, L + 0.5, 0.5, L + 0.5), interpolation="nearest")
     ax.set_xlabel("layer l (input of block l)")
@@ -32,7 +29,7 @@ def angular_heatmap(matrix: Sequence[Sequence[float | None]], path: str | Path, 
 def adjacent_angular(adjacent: Sequence[float], path: str | Path, threshold: float | None = None, title: str = "") -> Path:
     """d(x^l, x^{l+1}) per block l: how much each block turns the residual stream."""
     L = len(adjacent)
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    fig, ax = subplots(figsize=(6.4, 3.4))
     ax.plot(range(1, L + 1), adjacent, marker="o", ms=3.5)
     if threshold is not None:
         ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"near-identity threshold {threshold:g}")
@@ -51,7 +48,7 @@ def removal_drop(delta_loss: Sequence[float], path: str | Path, base_loss: float
     """Held-out loss increase when block l alone is removed (log scale), and the accuracy drop."""
     L = len(delta_loss)
     n = 2 if delta_acc is not None else 1
-    fig, axes = plt.subplots(n, 1, figsize=(6.4, 3.2 * n), sharex=True, squeeze=False)
+    fig, axes = subplots(n, 1, figsize=(6.4, 3.2 * n), sharex=True, squeeze=False)
     ax = axes[0, 0]
     d = np.asarray(delta_loss, dtype=float)
     ax.bar(range(1, L + 1), np.clip(d, 1e-4, None), color=np.where(d > 0, "tab:blue", "tab:green"))
@@ -74,7 +71,7 @@ def removal_drop(delta_loss: Sequence[float], path: str | Path, base_loss: float
 def variance_growth(variance: Sequence[float], mean_norm: Sequence[float], path: str | Path, title: str = "") -> Path:
     """Output variance of each block (state x^{l+1}; l = 0 is the embedding) and the residual norm."""
     S = len(variance)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.6, 3.4))
+    fig, (a1, a2) = subplots(1, 2, figsize=(9.6, 3.4))
     a1.plot(range(S), variance, marker="o", ms=3.5)
     a1.set_yscale("log")
     a1.set_xlabel("block l  (0 = embedding output)")
@@ -97,7 +94,7 @@ def jacobian_heatmaps(matrices: Mapping[int, np.ndarray], path: str | Path, dims
     """Fig 5 style: the token-averaged Jacobian of a few blocks (top-left ``dims`` x ``dims``)."""
     layers = sorted(matrices)
     n = len(layers)
-    fig, axes = plt.subplots(1, n, figsize=(3.1 * n + 0.6, 3.3), squeeze=False)
+    fig, axes = subplots(1, n, figsize=(3.1 * n + 0.6, 3.3), squeeze=False)
     vmax = max(float(np.abs(np.asarray(matrices[l])[:dims, :dims]).max()) for l in layers) or 1.0
     im = None
     for ax, l in zip(axes[0], layers):
@@ -114,7 +111,7 @@ def jacobian_heatmaps(matrices: Mapping[int, np.ndarray], path: str | Path, dims
 def jacobian_summary(layers: Sequence[int], rel_dist: Sequence[float], diag_share: Sequence[float], path: str | Path,
                      rel_dist_per_token: Sequence[float] | None = None, title: str = "") -> Path:
     """Per block: ||J - I||_F / ||I||_F (0 = identity) and the diagonal share of ||J||_F^2."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.6, 3.4))
+    fig, (a1, a2) = subplots(1, 2, figsize=(9.6, 3.4))
     a1.plot(layers, rel_dist, marker="o", ms=3.5, label="token-averaged J")
     if rel_dist_per_token is not None:
         a1.plot(layers, rel_dist_per_token, marker="s", ms=3, ls="--", label="per token, averaged")

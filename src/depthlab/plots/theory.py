@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
 
-from depthlab.plots._base import save
+from depthlab.plots._base import save, subplots
 
 COLORS = {"pre": "#d62728", "lns": "#1f77b4"}
 LABELS = {"pre": "Pre-LN", "lns": "LNS"}
 
 
-def _curves(ax: plt.Axes, x: Mapping[str, Sequence[float]] | Sequence[float], ys: Mapping[str, Sequence[float]],
+def _curves(ax: Axes, x: Mapping[str, Sequence[float]] | Sequence[float], ys: Mapping[str, Sequence[float]],
             marker: str | None = None) -> None:
     for name, y in ys.items():
         xs = x[name] if isinstance(x, Mapping) else x
@@ -41,7 +41,7 @@ def plot_theory(
     ``emp_jacobian_gain``: scheme -> values at ``emp_jacobian_depths``.
     """
     rows = 2 if emp_variance else 1
-    fig, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), squeeze=False)
+    fig, axes = subplots(rows, 2, figsize=(11, 4.2 * rows), squeeze=False)
     depth = len(next(iter(variance.values())))
     layers = np.arange(1, depth + 1)
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 
-from depthlab.plots._base import save
-
+from depthlab.plots._base import colormap, save, subplots
 
 
 def layer_variance(steps: Sequence[int], variances: Sequence[Sequence[float]], path: str | Path, title: str = "") -> Path:
@@ -18,8 +16,8 @@ def layer_variance(steps: Sequence[int], variances: Sequence[Sequence[float]], p
     (darker = later); right, the variance of the first / middle / last block over training."""
     v = np.asarray(variances, dtype=float)  # (n_probes, L)
     L = v.shape[1]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    colors = plt.cm.viridis(np.linspace(0.15, 0.95, len(steps)))
+    fig, (a, b) = subplots(1, 2, figsize=(10, 3.8))
+    colors = colormap("viridis")(np.linspace(0.15, 0.95, len(steps)))
     for s, row, c in zip(steps, v, colors):
         a.plot(range(1, L + 1), row, color=c, lw=1.2, label=f"step {s}" if s in (steps[0], steps[-1]) else None)
     a.set_xlabel("block l")
@@ -41,7 +39,7 @@ def layer_variance(steps: Sequence[int], variances: Sequence[Sequence[float]], p
 def loss_curves(train: tuple[Sequence[int], Sequence[float]], evals: tuple[Sequence[int], Sequence[float]],
                 path: str | Path, title: str = "") -> Path:
     """Train loss and held-out loss against step."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = subplots(figsize=(6.4, 3.6))
     ax.plot(*train, lw=1, label="train loss")
     if len(evals[0]):
         ax.plot(*evals, marker="o", ms=3.5, label="held-out loss")

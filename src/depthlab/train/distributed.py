@@ -14,7 +14,7 @@ import contextlib
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -41,7 +41,14 @@ class DistEnv:
 
 
 def env_world_size() -> int:
+    """The world size torchrun announces (1 outside torchrun)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    """True on rank 0 of a torchrun launch, and outside torchrun (the one place ``RANK`` is read
+    besides :func:`setup`): for work only one process should do, e.g. drawing a run's figures."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def setup(mode: str, device: torch.device) -> DistEnv:
@@ -67,18 +74,26 @@ def teardown(env: DistEnv) -> None:
         dist.destroy_process_group()
 
 
+class LossOutput(NamedTuple):
+    """What :class:`LMLoss` returns: tensors only (a NamedTuple is a pytree DDP/FSDP hooks walk)."""
+
+    loss: torch.Tensor  # mean next-token loss; 0-dim zeros when no labels were given
+    hidden_states: tuple[torch.Tensor, ...] = ()  # embedding output, then block 1..L outputs (when asked)
+
+
 class LMLoss(nn.Module):
-    """``(input_ids, labels) -> (loss, hidden_states...)``: tensors only, for DDP/FSDP hooks."""
+    """``(input_ids, labels, output_hidden_states) -> LossOutput``: the model behind one plain-tensor
+    interface, so every distributed wrapper sees tensors in and tensors out."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                output_hidden_states: bool = False) -> tuple[torch.Tensor, ...]:
+                output_hidden_states: bool = False) -> LossOutput:
         out = self.model(input_ids, labels=labels, output_hidden_states=output_hidden_states)
         loss = out.loss if out.loss is not None else out.logits.new_zeros(())
-        return (loss, *(out.hidden_states or ()))
+        return LossOutput(loss, tuple(out.hidden_states or ()))
 
 
 def wrap(model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
@@ -124,17 +139,9 @@ def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
 
 
 def barrier(env: DistEnv) -> None:
+    """Wait for every rank (no-op in a single process)."""
     if env.active and dist.is_initialized():
         dist.barrier()
-
-
-def broadcast_object(obj, env: DistEnv):
-    """Rank 0's value of ``obj`` on every rank."""
-    if not (env.active and dist.is_initialized()):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def full_state_dicts(module: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer):

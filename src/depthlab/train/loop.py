@@ -1,44 +1,51 @@
 """The training loop: ``train(model_cfg, train_cfg, out_dir)`` -> summary dict.
 
-One optimizer step = one global batch of ``batch_size`` sequences (global sequences
-``(step-1)*B .. step*B-1`` of the seeded order), split across ranks, then into micro-batches. The
-loss is the mean over every non-pad target token of the global batch, whatever the split, so a
-run on N ranks with accumulation computes the same update as one process.
+    run = open_run(...)            rundir.py     checks and tokenizer; nothing written yet
+    data = load_train_data(...)    data.py       train sequences, held-out batches, probe batch
+    write_run_dir(...)             rundir.py     config.json + tokenizer/
+    session = _start_session(...)  here          model, optimizer, resume state, evaluator, metrics
+    _run_steps(session, ...)       here          train_step (step.py) + evaluator (evaluator.py) + checkpoints
+    _summary(...)                  here          summary.json
+
+One optimizer step = one global batch of ``batch_size`` sequences, whatever the number of ranks and
+micro-batches (see :mod:`depthlab.train.step`), so a run on N ranks computes the same update as one
+process, and a resumed run continues exactly where its checkpoint stopped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
-import platform
 import sys
 import time
-from importlib import metadata
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from depthlab.config import ModelConfig
-from depthlab.data import (
-    DEFAULT_TOKENIZER, build_tokenizer, check_tokenizer_spec, eval_token_batches, is_shard_dir, iter_documents,
-    load_sequences, load_tokenizer, shard_meta,
-)
 from depthlab.errors import DepthlabError
 from depthlab.model import build_model
 from depthlab.train import distributed as D
 from depthlab.train.checkpoint import find_checkpoint, list_checkpoints, read_checkpoint, save_checkpoint, set_rng_state
 from depthlab.train.config import TrainConfig
-from depthlab.train.optim import build_optimizer, lr_at, set_lr
+from depthlab.train.data import TrainData, load_train_data
+from depthlab.train.evaluator import EvalResult, Evaluator
+from depthlab.train.metrics_log import MetricsLog
+from depthlab.train.optim import build_optimizer
+from depthlab.train.rundir import RESUME_KEYS, RunSetup, open_run, write_run_dir
+from depthlab.train.step import Forward, StepResult, autocast_for, train_step
+
+__all__ = ["RESUME_KEYS", "TrainingDiverged", "train"]
 
 log = logging.getLogger(__name__)
 
-#: TrainConfig fields that must match to resume a run (they fix the data order and the update rule).
-RESUME_KEYS = ("data", "val_data", "text_field", "tokenizer", "seq_len", "pack", "streaming", "batch_size", "steps", "lr",
-               "warmup", "min_lr_ratio", "optimizer", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip", "seed")
+Progress = Callable[[dict[str, Any]], None]
 
 
 class TrainingDiverged(RuntimeError):
@@ -49,105 +56,8 @@ class TrainingDiverged(RuntimeError):
         self.step, self.checkpoint = step, checkpoint
 
 
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("depthlab", "torch", "transformers", "tokenizers", "safetensors", "numpy"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def _device(cfg: TrainConfig, env_local_rank: int = 0) -> torch.device:
-    if cfg.device:
-        dev = torch.device(cfg.device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise DepthlabError(f"device {cfg.device!r} requested but CUDA is not available")
-        return dev
-    return torch.device("cuda", env_local_rank) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _autocast(cfg: TrainConfig, device: torch.device):
-    use_bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.type == "cuda")
-    return (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
-
-
-def _resolve_tokenizer(cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv):
-    if resume:
-        tok = load_tokenizer(out / "tokenizer")
-        if cfg.tokenizer is not None and cfg.tokenizer != tok.spec:
-            raise DepthlabError(f"cannot resume {str(out)!r}: it was trained with tokenizer {tok.spec!r}, not {cfg.tokenizer!r}")
-        return tok
-    if is_shard_dir(cfg.data):
-        meta = shard_meta(cfg.data)
-        if cfg.tokenizer is not None and cfg.tokenizer != meta["tokenizer"]:
-            raise DepthlabError(f"token shards {cfg.data!r} were made with tokenizer {meta['tokenizer']!r}, not {cfg.tokenizer!r}")
-        return load_tokenizer(Path(cfg.data).expanduser() / "tokenizer")
-    spec = cfg.tokenizer or DEFAULT_TOKENIZER
-    check_tokenizer_spec(spec)
-    iter_documents(cfg.data, "train", cfg.text_field)  # bad data specs fail here, before any training
-    tok = None
-    for turn in (0, 1):  # rank 0 first (it trains / caches), then the others read the cache
-        if (turn == 0) == env.is_main:
-            texts = iter_documents(cfg.data, "train", cfg.text_field) if spec.startswith("bpe:") else None
-            tok = build_tokenizer(spec, texts, cache_dir=cfg.cache_dir)
-        D.barrier(env)
-    return tok
-
-
-def _check_resume(saved: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig, out: Path) -> None:
-    if saved["model"] != model_cfg.to_dict():
-        diff = sorted(k for k in model_cfg.to_dict() if saved["model"].get(k) != model_cfg.to_dict()[k])
-        raise DepthlabError(f"cannot resume {str(out)!r}: the model differs from the saved run in {', '.join(diff)} "
-                            f"(saved scheme {saved['model'].get('scheme')!r})")
-    diff = [k for k in RESUME_KEYS if saved["train"].get(k) != getattr(cfg, k)]
-    if diff:
-        detail = ", ".join(f"{k}={getattr(cfg, k)!r} (saved {saved['train'].get(k)!r})" for k in diff)
-        raise DepthlabError(f"cannot resume {str(out)!r}: training settings differ: {detail}")
-
-
-class _Metrics:
-    """metrics.jsonl (rank 0 only), optionally mirrored to tensorboard."""
-
-    def __init__(self, path: Path, enabled: bool, keep_until: int | None, tensorboard: bool) -> None:
-        self.enabled, self.path, self.tb = enabled, path, None
-        if not enabled:
-            return
-        if keep_until is not None and path.is_file():  # resuming: drop lines past the checkpoint
-            lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= keep_until]
-            path.write_text("".join(ln + "\n" for ln in lines))
-        self.f = path.open("a")
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise DepthlabError("--tensorboard needs the tensorboard package (pip install 'depthlab[logging]')") from None
-            self.tb = SummaryWriter(str(path.parent / "tensorboard"))
-
-    def write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        self.f.write(json.dumps(record) + "\n")
-        self.f.flush()
-        if self.tb is not None:
-            for k, v in record.items():
-                if k == "layer_variance":
-                    for i, x in enumerate(v, 1):
-                        self.tb.add_scalar(f"layer_variance/{i:03d}", x, record["step"])
-                elif k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, record["step"])
-
-    def close(self) -> None:
-        if self.enabled:
-            self.f.close()
-            if self.tb is not None:
-                self.tb.close()
-
-
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
-          progress: Callable[[dict[str, Any]], None] | None = None, quiet: bool = False,
-          command: str | None = None) -> dict[str, Any]:
+          progress: Progress | None = None, quiet: bool = False, command: str | None = None) -> dict[str, Any]:
     """Pre-train ``model_cfg`` as ``train_cfg`` says, writing the run directory ``out_dir``.
 
     ``resume=True`` continues ``out_dir`` from its latest complete checkpoint (the model, tokenizer
@@ -163,203 +73,198 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *
         D.teardown(env)
 
 
-def _train(model_cfg, train_cfg, out, resume, progress, quiet, command, env: D.DistEnv) -> dict[str, Any]:
+def _device(cfg: TrainConfig, env_local_rank: int = 0) -> torch.device:
+    """``cfg.device``, else this rank's CUDA device when there is one, else the CPU."""
+    if cfg.device:
+        dev = torch.device(cfg.device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise DepthlabError(f"device {cfg.device!r} requested but CUDA is not available")
+        return dev
+    return torch.device("cuda", env_local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, progress: Progress | None,
+           quiet: bool, command: str | None, env: D.DistEnv) -> dict[str, Any]:
+    """:func:`train` inside the joined process group: set up, run the steps, write summary.json."""
     t_start = time.perf_counter()
     device = _device(train_cfg, env.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    saved = None
-    if resume:
-        if not (out / "config.json").is_file():
-            raise DepthlabError(f"cannot resume {str(out)!r}: no config.json there (not a run directory)")
-        saved = json.loads((out / "config.json").read_text())
-    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DepthlabError(f"run directory {str(out)!r} already exists; pass --resume to continue it or choose a new --out")
-
-    cfg = train_cfg.resolve(model_cfg, env.world_size)
-    tok = _resolve_tokenizer(cfg, out, resume, env)
-    cfg = cfg.replace(tokenizer=tok.spec)
-    model_cfg = model_cfg.replace(vocab_size=tok.vocab_size)
-    if saved is not None:
-        _check_resume(saved, model_cfg, cfg, out)
-
-    # ---- data (rank 0 first: it fills the token cache)
-    B, T, world = cfg.batch_size, cfg.seq_len, env.world_size
-    seqs = None
-    for turn in (0, 1):
-        if (turn == 0) == env.is_main:
-            seqs = load_sequences(cfg.data, tok, T, split="train", pack=cfg.pack, seed=cfg.seed,
-                                  text_field=cfg.text_field, cache_dir=cfg.cache_dir, streaming=cfg.streaming,
-                                  rank=env.rank, world_size=world)
-        D.barrier(env)
-    val_spec, val_split = (cfg.val_data, "all") if cfg.val_data else (cfg.data, "val")
-    if cfg.val_data and is_shard_dir(cfg.val_data):
-        val_split = "val"  # token shards keep their own held-out split
-    eval_batches = [b for b in eval_token_batches(val_spec, tok, cfg.eval_tokens, T + 1, cfg.eval_batch_size,
-                                                  split=val_split, text_field=cfg.text_field)]
-    if not eval_batches:
-        raise DepthlabError(f"no held-out text of {T + 1} tokens in {val_spec!r} ({val_split} split); give --val-data")
-    probe = torch.cat(eval_batches)[: cfg.probe_batch_size, :-1]  # fixed variance-probe batch (held-out text)
-
-    # ---- run directory
-    config = {"model": model_cfg.to_dict(), "train": cfg.to_dict(),
-              "tokenizer": {"spec": tok.spec, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-                            "pad_id": tok.pad_id, "fingerprint": tok.fingerprint()},
-              "versions": versions(), "command": command or " ".join(sys.argv), "world_size": world}
-    if env.is_main and not resume:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        tok.save(out / "tokenizer")
-    if resume:
-        config = {**saved, "command_resume": config["command"], "versions": config["versions"]}
-    D.barrier(env)
-
-    # ---- model, optimizer
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed % 2**32)
-    model = build_model(model_cfg, device=device)
-    if cfg.compile:
-        model.compile()
-    module = D.wrap(model, env, device)
-    optimizer = build_optimizer(model.parameters(), cfg, device)
-    start, tokens, wall_before = 0, 0, 0.0
-    if resume:
-        ckpt = find_checkpoint(out)
-        data = read_checkpoint(ckpt)
-        D.load_full_state_dicts(module, model, optimizer, data["model"], data["optimizer"])
-        set_rng_state(data["rng"])
-        start, tokens, wall_before = data["state"]["step"], data["state"]["tokens"], data["state"].get("wall_s", 0.0)
-        if env.is_main:
-            log.info("resuming %s from step %d", out, start)
-    last_ckpt = list_checkpoints(out)[-1] if resume else None
-    metrics = _Metrics(out / "metrics.jsonl", env.is_main, start if resume else None, cfg.tensorboard)
-    autocast = _autocast(cfg, device)
-
-    def forward(x, y=None, hidden=False):
-        with autocast():
-            return module(x.to(device, non_blocking=True), None if y is None else y.to(device, non_blocking=True), hidden)
-
-    @torch.no_grad()
-    def evaluate() -> tuple[float, float]:
-        module.eval()
-        total = torch.zeros(2, dtype=torch.float64)
-        mine = eval_batches[env.rank::world]
-        for i in range(-(-len(eval_batches) // world)):  # same number of forwards on every rank (FSDP)
-            b = mine[i] if i < len(mine) else eval_batches[0]
-            loss = forward(b[:, :-1], b[:, 1:])[0]
-            if i < len(mine):
-                total += torch.tensor([loss.double().item() * b[:, 1:].numel(), b[:, 1:].numel()], dtype=torch.float64)
-        D.all_reduce_sum(total, env)
-        module.train()
-        mean = (total[0] / total[1]).item()
-        return mean, math.exp(min(mean, 700.0))
-
-    @torch.no_grad()
-    def layer_variance() -> list[float]:
-        module.eval()
-        hidden = forward(probe, None, True)[1:]  # embedding output, then block 1..L outputs
-        module.train()
-        return [h.float().var().item() for h in hidden[1:]]
-
-    def checkpoint(step: int) -> Path | None:
-        msd, osd = D.full_state_dicts(module, model, optimizer)
-        path = None
-        if env.is_main:
-            state = {"tokens": tokens, "sequences": step * B, "wall_s": wall_before + time.perf_counter() - t_loop,
-                     "world_size": world}
-            path = save_checkpoint(out, step, msd, osd, state, config, cfg.keep_last)
-        D.barrier(env)
-        return path or (out / "checkpoint" / f"step-{step:08d}")
-
-    # ---- loop
-    accum, micro = cfg.accum_steps(world), cfg.micro_batch_size
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=cfg.steps, initial=start, disable=quiet or not env.is_main or not sys.stderr.isatty(),
-               file=sys.stderr, dynamic_ncols=True, unit="step")
-    log_level = logging.DEBUG if quiet else logging.INFO
-    log.log(log_level, "training %s (%s, %.2fM params) for %d steps: batch %d x %d tokens, lr %g, %s train sequences",
-            model_cfg.name, model_cfg.scheme, model.num_params() / 1e6, cfg.steps, B, T, cfg.lr, len(seqs) or 'streamed')
-    t_loop = time.perf_counter()
-    module.train()
-    if start == 0 and cfg.variance_every:
-        metrics.write({"step": 0, "layer_variance": layer_variance()})
-    eval_rec: dict[str, Any] = {}
-    var_rec: list[float] | None = None
-    win_tokens, win_time, step_rec = 0, 0.0, {}
-    session_tokens, session_time = 0, 0.0  # optimizer steps only (no eval / probe / checkpoint time)
+    run = open_run(model_cfg, train_cfg, out, resume, env)  # bad input fails here or in the next line,
+    data = load_train_data(run.cfg, run.tokenizer, env)  # before anything is written
+    config = write_run_dir(run, command, env)
+    session = _start_session(run, data, config, device, env)
     try:
-        for step in range(start + 1, cfg.steps + 1):
-            t0 = time.perf_counter()
-            lr = lr_at(step - 1, cfg)
-            set_lr(optimizer, lr)
-            x, y = seqs.rank_batch(step - 1, B, env.rank, world)  # this rank's slice of the global batch
-            n_global = int(D.all_reduce_sum(torch.tensor((y != -100).sum().item(), dtype=torch.int64), env))
-            loss_sum = torch.zeros((), dtype=torch.float64)
-            for m in range(accum):
-                xm, ym = x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
-                n_micro = int((ym != -100).sum())
-                with D.grad_sync(module, env, sync=m == accum - 1):
-                    loss = forward(xm, ym)[0]
-                    if n_micro == 0:
-                        loss = loss.nan_to_num(0.0) * 0.0
-                    # sum of token losses / global token count; x world because DDP/FSDP average over ranks
-                    (loss * (n_micro * world / max(n_global, 1))).backward()
-                loss_sum += loss.detach().double().cpu() * n_micro
-            D.all_reduce_sum(loss_sum, env)
-            step_loss = (loss_sum / max(n_global, 1)).item()
-            if not math.isfinite(step_loss):
-                optimizer.zero_grad(set_to_none=True)
-                where = f"last good checkpoint: {last_ckpt}" if last_ckpt else "no checkpoint was written yet"
-                raise TrainingDiverged(f"loss is {step_loss} at step {step}; stopped ({where})", step, last_ckpt)
-            grad_norm = None
-            if cfg.grad_clip is not None:
-                total_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                grad_norm = float(total_norm.full_tensor() if hasattr(total_norm, "full_tensor") else total_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            tokens += n_global
-            dt = time.perf_counter() - t0
-            win_tokens, win_time = win_tokens + n_global, win_time + dt
-            session_tokens, session_time = session_tokens + n_global, session_time + dt
-            step_rec = {"step": step, "loss": step_loss, "lr": lr, "tokens": tokens,
-                        "tokens_per_s": win_tokens / max(win_time, 1e-9)}
-            if grad_norm is not None:
-                step_rec["grad_norm"] = grad_norm
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                metrics.write(step_rec)
-                win_tokens, win_time = 0, 0.0
-            bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{step_rec['tokens_per_s']:.0f}", refresh=False)
-            if cfg.variance_every and (step % cfg.variance_every == 0 or step == cfg.steps):
-                var_rec = layer_variance()
-                metrics.write({"step": step, "layer_variance": var_rec})
-            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-                el, ep = evaluate()
-                eval_rec = {"step": step, "eval_loss": el, "eval_ppl": ep, "eval_tokens": sum(b[:, 1:].numel() for b in eval_batches)}
-                metrics.write(eval_rec)
-                log.log(log_level, "step %d: eval loss %.4f, ppl %.2f", step, el, ep)
-            if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps:
-                last_ckpt = checkpoint(step)
-            if progress is not None:  # last: a callback that raises leaves a consistent run behind
-                progress({**step_rec, **({"eval_loss": eval_rec["eval_loss"]} if eval_rec.get("step") == step else {})})
+        done = _run_steps(session, progress, quiet)
     finally:
-        bar.close()
-        metrics.close()
-
-    if not eval_rec:  # nothing left to train (resumed a finished run)
-        el, ep = evaluate()
-        eval_rec = {"eval_loss": el, "eval_ppl": ep}
-    wall = wall_before + time.perf_counter() - t_loop
-    summary = {
-        "steps": cfg.steps, "scheme": model_cfg.scheme, "train_loss": step_rec.get("loss"),
-        "eval_loss": eval_rec["eval_loss"], "eval_ppl": eval_rec["eval_ppl"],
-        "layer_variance": var_rec if var_rec is not None else layer_variance(),
-        "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / max(wall, 1e-9),
-        "step_tokens_per_s": session_tokens / session_time if session_time else None,
-        "setup_s": time.perf_counter() - t_start - (wall - wall_before),
-    }
+        session.metrics.close()
+    summary = _summary(session, done, t_start)
     if env.is_main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     D.barrier(env)
     return summary
+
+
+# ------------------------------------------------------------------------------ session set-up
+@dataclass
+class _Session:
+    """What the steps of one training session share."""
+
+    run: RunSetup
+    env: D.DistEnv
+    model: nn.Module
+    module: nn.Module  # LMLoss(model), under DDP / FSDP when distributed
+    optimizer: torch.optim.Optimizer
+    forward: Forward
+    data: TrainData
+    evaluator: Evaluator
+    metrics: MetricsLog
+    config: dict[str, Any]  # the run config, copied into every checkpoint
+    start: int = 0  # last step done before this session (resume)
+    tokens: int = 0  # target tokens trained on, all sessions
+    wall_before: float = 0.0  # training wall time of earlier sessions
+    last_ckpt: Path | None = None
+    t_loop: float = 0.0  # perf_counter when this session's loop started
+
+    def wall(self) -> float:
+        """Training wall time so far, earlier sessions included."""
+        return self.wall_before + time.perf_counter() - self.t_loop
+
+
+def _start_session(run: RunSetup, data: TrainData, config: dict[str, Any], device: torch.device,
+                   env: D.DistEnv) -> _Session:
+    """Seed, build and wrap the model, build the optimizer, restore the latest checkpoint when
+    resuming (weights, optimizer, RNG, counters), open metrics.jsonl."""
+    cfg = run.cfg
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed % 2**32)
+    model = build_model(run.model_cfg, device=device)
+    if cfg.compile:
+        model.compile()
+    module = D.wrap(model, env, device)
+    optimizer = build_optimizer(model.parameters(), cfg, device)
+    resumed = _restore(run.out, module, model, optimizer, env) if run.resume else {}
+    metrics = MetricsLog(run.out / "metrics.jsonl", env.is_main, resumed.get("start"), cfg.tensorboard)
+    forward = Forward(module, device, autocast_for(cfg, device))
+    evaluator = Evaluator(forward, data.eval_batches, data.probe_batch, env)
+    return _Session(run, env, model, module, optimizer, forward, data, evaluator, metrics, config, **resumed)
+
+
+def _restore(out: Path, module: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
+             env: D.DistEnv) -> dict[str, Any]:
+    """Load the run's latest complete checkpoint (weights, optimizer, RNG; every rank); returns
+    the session counters it records: start, tokens, wall_before, last_ckpt."""
+    data = read_checkpoint(find_checkpoint(out))
+    D.load_full_state_dicts(module, model, optimizer, data["model"], data["optimizer"])
+    set_rng_state(data["rng"])
+    state = data["state"]
+    if env.is_main:
+        log.info("resuming %s from step %d", out, state["step"])
+    return {"start": state["step"], "tokens": state["tokens"], "wall_before": state.get("wall_s", 0.0),
+            "last_ckpt": list_checkpoints(out)[-1]}
+
+
+def _checkpoint(s: _Session, step: int) -> Path:
+    """Save step ``step`` (collective: full state dicts gathered on every rank, rank 0 writes)."""
+    msd, osd = D.full_state_dicts(s.module, s.model, s.optimizer)
+    path = None
+    if s.env.is_main:
+        state = {"tokens": s.tokens, "sequences": step * s.run.cfg.batch_size, "wall_s": s.wall(),
+                 "world_size": s.env.world_size}
+        path = save_checkpoint(s.run.out, step, msd, osd, state, s.config, s.run.cfg.keep_last)
+    D.barrier(s.env)
+    return path or (s.run.out / "checkpoint" / f"step-{step:08d}")
+
+
+# ------------------------------------------------------------------------------ the loop
+@dataclass
+class _Done:
+    """What this session produced (for the summary) and its throughput counters."""
+
+    train: dict[str, Any] = field(default_factory=dict)  # the last train record
+    eval: EvalResult | None = None
+    eval_step: int | None = None
+    probe: dict[str, list[float]] | None = None
+    win_tokens: int = 0  # since the last train line in metrics.jsonl
+    win_time: float = 0.0
+    session_tokens: int = 0  # optimizer steps only (no eval / probe / checkpoint time)
+    session_time: float = 0.0
+
+    def add_step(self, res: StepResult, tokens: int, dt: float) -> dict[str, Any]:
+        """Count one step's tokens and time; its train record (throughput over the current window)."""
+        self.win_tokens, self.win_time = self.win_tokens + res.tokens, self.win_time + dt
+        self.session_tokens, self.session_time = self.session_tokens + res.tokens, self.session_time + dt
+        self.train = {"step": res.step, "loss": res.loss, "lr": res.lr, "tokens": tokens,
+                      "tokens_per_s": self.win_tokens / max(self.win_time, 1e-9)}
+        if res.grad_norm is not None:
+            self.train["grad_norm"] = res.grad_norm
+        return self.train
+
+
+def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
+    """Steps ``start + 1 .. cfg.steps``, each followed by its logging, probes, evaluation and checkpoint."""
+    from tqdm.auto import tqdm
+
+    cfg, run = s.run.cfg, s.run
+    bar = tqdm(total=cfg.steps, initial=s.start, disable=quiet or not s.env.is_main or not sys.stderr.isatty(),
+               file=sys.stderr, dynamic_ncols=True, unit="step")
+    log.log(logging.DEBUG if quiet else logging.INFO,
+            "training %s (%s, %.2fM params) for %d steps: batch %d x %d tokens, lr %g, %s train sequences",
+            run.model_cfg.name, run.model_cfg.scheme, s.model.num_params() / 1e6, cfg.steps, cfg.batch_size,
+            cfg.seq_len, cfg.lr, len(s.data.train) or "streamed")
+    s.t_loop = time.perf_counter()
+    s.module.train()
+    if s.start == 0 and cfg.variance_every:
+        s.metrics.write({"step": 0, **s.evaluator.probe()})
+    done = _Done()
+    try:
+        for step in range(s.start + 1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            res = train_step(step, s.forward, s.model, s.optimizer, s.data.train, cfg, s.env)
+            if not math.isfinite(res.loss):
+                where = f"last good checkpoint: {s.last_ckpt}" if s.last_ckpt else "no checkpoint was written yet"
+                raise TrainingDiverged(f"loss is {res.loss} at step {step}; stopped ({where})", step, s.last_ckpt)
+            s.tokens += res.tokens
+            rec = done.add_step(res, s.tokens, time.perf_counter() - t0)
+            bar.update(1)
+            bar.set_postfix(loss=f"{res.loss:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
+            _after_step(s, step, done, quiet)
+            if progress is not None:  # last: a callback that raises leaves a consistent run behind
+                progress({**rec, **({"eval_loss": done.eval.loss} if done.eval_step == step else {})})
+    finally:
+        bar.close()
+    return done
+
+
+def _after_step(s: _Session, step: int, done: _Done, quiet: bool) -> None:
+    """What is due after step ``step``: its train line, a probe, an evaluation, a checkpoint
+    (the last step gets all four)."""
+    cfg, last = s.run.cfg, step == s.run.cfg.steps
+    if step % cfg.log_every == 0 or last:
+        s.metrics.write(done.train)
+        done.win_tokens, done.win_time = 0, 0.0
+    if cfg.variance_every and (step % cfg.variance_every == 0 or last):
+        done.probe = s.evaluator.probe()
+        s.metrics.write({"step": step, **done.probe})
+    if (cfg.eval_every and step % cfg.eval_every == 0) or last:
+        done.eval, done.eval_step = s.evaluator.evaluate(), step
+        s.metrics.write(done.eval.record(step))
+        log.log(logging.DEBUG if quiet else logging.INFO, "step %d: eval loss %.4f, ppl %.2f", step, done.eval.loss,
+                done.eval.ppl)
+    if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or last:
+        s.last_ckpt = _checkpoint(s, step)
+
+
+def _summary(s: _Session, done: _Done, t_start: float) -> dict[str, Any]:
+    """summary.json: final held-out loss, probes, tokens and timings (evaluated now if this
+    session trained no step, e.g. when resuming a finished run)."""
+    ev = done.eval if done.eval is not None else s.evaluator.evaluate()
+    wall = s.wall()
+    probe = done.probe if done.probe is not None else s.evaluator.probe()
+    return {
+        "steps": s.run.cfg.steps, "scheme": s.run.model_cfg.scheme, "train_loss": done.train.get("loss"),
+        "eval_loss": ev.loss, "eval_ppl": ev.ppl, "layer_variance": probe["layer_variance"],
+        "tokens": s.tokens, "wall_s": wall, "tokens_per_s": s.tokens / max(wall, 1e-9),
+        "step_tokens_per_s": done.session_tokens / done.session_time if done.session_time else None,
+        "setup_s": time.perf_counter() - t_start - (wall - s.wall_before),
+    }

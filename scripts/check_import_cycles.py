@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Find import cycles among the ``depthlab`` modules; exit 1 when there is one.
+
+    python scripts/check_import_cycles.py            # src/depthlab; prints every cycle found
+
+Every ``import depthlab.x`` / ``from depthlab.x import y`` / relative import of a module counts,
+module-level or inside a function (a late import only hides a circle), except those under
+``if TYPE_CHECKING:``. ``from depthlab.x import y`` is an edge to ``depthlab.x.y`` when that is a
+module, else to ``depthlab.x``. Importing a submodule also runs its parent packages' ``__init__``;
+those implicit edges are left out (each ``__init__``'s own imports are counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "src"
+
+
+def module_names(root: Path, package: str = "depthlab") -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of ``package`` under ``root``."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    """Dotted names an Import / ImportFrom node may load (candidates, resolved later)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:  # relative: from the package of ``module``
+        pkg = module.split(".") if is_package else module.split(".")[:-1]
+        pkg = pkg[: len(pkg) - (node.level - 1)]
+        base = ".".join(pkg + ([base] if base else []))
+    return [base] + [f"{base}.{a.name}" for a in node.names]
+
+
+def imports_of(path: Path, module: str, modules: dict[str, Path]) -> set[str]:
+    """The depthlab modules ``module`` (file ``path``) imports anywhere in its body."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        names = _imported(node, module, is_package)
+        if isinstance(node, ast.ImportFrom):
+            base, members = names[0], names[1:]
+            subs = [m for m in members if m in modules]
+            found.update(subs)
+            if len(subs) < len(members) and base in modules:
+                found.add(base)
+        else:
+            found.update(n for n in names if n in modules)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    found.discard(module)
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the depthlab modules it imports, for the package under ``root``."""
+    modules = module_names(root)
+    return {m: imports_of(p, m, modules) for m, p in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One shortest cycle per strongly connected component with more than one module."""
+    index, low, stack, on, comps = {}, {}, [], set(), []
+
+    def strongconnect(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            strongconnect(v)
+    return [_shortest_cycle(graph, set(c)) for c in comps]
+
+
+def _shortest_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
+    """A shortest cycle inside one strongly connected component (breadth-first from each node)."""
+    best: list[str] | None = None
+    for start in sorted(comp):
+        prev, frontier = {start: None}, [start]
+        while frontier and start not in [w for v in frontier for w in graph[v]]:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & comp):
+                    if w not in prev:
+                        prev[w] = v
+                        nxt.append(w)
+            frontier = nxt
+        last = next(v for v in frontier if start in graph[v])
+        path = [last]
+        while prev[path[-1]] is not None:
+            path.append(prev[path[-1]])
+        path.reverse()
+        if best is None or len(path) < len(best):
+            best = path
+    return best + [best[0]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=ROOT, help="folder holding the depthlab package (default src/)")
+    args = parser.parse_args(argv)
+    bad = cycles(import_graph(args.root))
+    for cycle in bad:
+        print("CYCLE: " + " -> ".join(cycle))
+    if not bad:
+        print("no import cycles")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The compare table's columns and cell format, shared by ``compare`` (summary.md) and
+``compare_report`` (report.html); it imports neither, so neither imports the other.
+
+    COLUMNS["eval_ppl"] == ("perplexity", "{:.2f}")
+    format_cell({"eval_ppl": 19.0, "eval_ppl_std": 1.4}, "eval_ppl") == "19.00 ± 1.40"
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from depthlab.schemes import BASELINE_SCHEME
+
+#: Columns of the table: key -> (header, format). Deltas are per seed against BASELINE_SCHEME.
+COLUMNS: dict[str, tuple[str, str]] = {
+    "eval_loss": ("held-out loss", "{:.4f}"),
+    "eval_ppl": ("perplexity", "{:.2f}"),
+    "delta_ppl_vs_pre": (f"Δ ppl vs {BASELINE_SCHEME}", "{:+.2f}"),
+    "last_layer_variance": ("last-block output variance", "{:.3g}"),
+    "deep_angular": ("angular dist. deepest third", "{:.3f}"),
+    "deep_removal_drop": ("removal Δloss deepest third", "{:.4f}"),
+}
+
+#: Cell of a missing (or NaN) value.
+MISSING = "–"
+
+
+def shown_columns(table: list[dict[str, Any]]) -> list[str]:
+    """The COLUMNS keys that at least one row of ``table`` has, in COLUMNS order."""
+    return [k for k in COLUMNS if any(k in row for row in table)]
+
+
+def format_cell(row: dict[str, Any], key: str) -> str:
+    """``row[key]`` in its column's format, ``± std`` appended when ``row`` has ``key + "_std"``;
+    :data:`MISSING` when the value is absent, None or NaN."""
+    value = row.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return MISSING
+    fmt = COLUMNS[key][1]
+    cell = fmt.format(value)
+    if key + "_std" in row:
+        cell += " ± " + fmt.format(row[key + "_std"]).lstrip("+")
+    return cell
+
+
+def markdown_table(table: list[dict[str, Any]]) -> str:
+    """The aggregated table as GitHub markdown: one row per scheme, one column per shown key."""
+    keys = shown_columns(table)
+    lines = ["| scheme | " + " | ".join(COLUMNS[k][0] for k in keys) + " |",
+             "|---|" + "---:|" * len(keys)]
+    lines += [f"| {row['scheme']} | " + " | ".join(format_cell(row, k) for k in keys) + " |" for row in table]
+    return "\n".join(lines)

@@ -1,0 +1,157 @@
+"""Multiple-choice accuracy, for the full model and with each block removed.
+
+A task from a local jsonl file is scored the lm-evaluation-harness way (context
+"Question: ...\\nAnswer:", continuation " choice", sum of the continuation's token log-likelihoods;
+``acc`` = argmax, ``acc_norm`` = argmax of the sum divided by the choice's length in bytes). Removing
+block l replays the cached residual states (:meth:`ResidualCapture.run_skipping`), as the removal
+sweep of :mod:`depthlab.diagnostics.removal` does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from depthlab.diagnostics.capture import ResidualCapture
+from depthlab.errors import DepthlabError
+
+
+@dataclass
+class MCItem:
+    question: str
+    choices: list[str]
+    answer: int
+
+
+def _answer_index(raw: Any, choices: list[str], labels: list[str] | None) -> int:
+    if isinstance(raw, bool):
+        raise ValueError("boolean answer")
+    if isinstance(raw, int):
+        return raw
+    text = str(raw).strip()
+    if labels and text in labels:
+        return labels.index(text)
+    if text.isdigit():
+        return int(text)
+    if len(text) == 1 and text.isalpha():
+        return ord(text.upper()) - ord("A")
+    if text in choices:
+        return choices.index(text)
+    raise ValueError(f"cannot read answer {raw!r}")
+
+
+def load_mc(path: str | Path, limit: int | None = None) -> list[MCItem]:
+    """Items of a jsonl file: ``question`` (or ``query``/``stem``), ``choices`` (a list, or ARC's
+    ``{"text": [...], "label": [...]}``), ``answer`` (index, letter, label or choice text; also
+    ``answerKey``/``label``/``gold``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DepthlabError(f"multiple-choice file {str(path)!r} does not exist")
+    items = []
+    for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            q = row.get("question", row.get("query", row.get("stem")))
+            if isinstance(q, dict):  # ARC "question": {"stem": ..., "choices": [...]}
+                row = {**row, **q}
+                q = q.get("stem")
+            ch = row["choices"]
+            labels = None
+            if isinstance(ch, dict):
+                labels = [str(x) for x in ch.get("label", [])] or None
+                ch = ch["text"]
+            elif ch and isinstance(ch[0], dict):
+                labels = [str(c.get("label")) for c in ch]
+                ch = [c["text"] for c in ch]
+            ch = [str(c) for c in ch]
+            raw = next(row[k] for k in ("answer", "answerKey", "label", "gold") if k in row)
+            ans = _answer_index(raw, ch, labels)
+            if not isinstance(q, str) or len(ch) < 2 or not 0 <= ans < len(ch):
+                raise ValueError("bad question/choices/answer")
+        except (ValueError, KeyError, StopIteration, TypeError, IndexError) as err:
+            raise DepthlabError(f"{path}:{no}: not a multiple-choice item (question, choices, answer): {err}") from None
+        items.append(MCItem(q, ch, ans))
+        if limit is not None and len(items) >= limit:
+            break
+    if not items:
+        raise DepthlabError(f"multiple-choice file {str(path)!r} holds no items")
+    return items
+
+
+def _encode_pairs(items: Sequence[MCItem], encode: Callable[[str], list[int]], max_len: int | None
+                  ) -> list[tuple[int, int, list[int], int, int]]:
+    """(item, choice, ids, first continuation position, byte length) per choice; lm-eval's split:
+    the continuation's tokens are those of ``encode(context + continuation)`` past ``encode(context)``."""
+    out = []
+    for i, it in enumerate(items):
+        ctx = f"Question: {it.question}\nAnswer:"
+        ctx_ids = encode(ctx)
+        for j, c in enumerate(it.choices):
+            whole = encode(ctx + " " + c)
+            start = len(ctx_ids) if whole[: len(ctx_ids)] == ctx_ids else len(encode(ctx.rstrip()))
+            start = max(1, min(start, len(whole) - 1))
+            if max_len is not None and len(whole) > max_len:  # keep the continuation, cut the left
+                cut = len(whole) - max_len
+                whole, start = whole[cut:], max(1, start - cut)
+            out.append((i, j, whole, start, len((" " + c).encode("utf-8"))))
+    return out
+
+
+class MCAccumulator:
+    """Per-choice log-likelihoods of the full model and of each block-removed model."""
+
+    def __init__(self, items: Sequence[MCItem], n_layers: int) -> None:
+        self.items = items
+        self.n_layers = n_layers
+        self.scores = torch.full((n_layers + 1, len(items), max(len(it.choices) for it in items)), -math.inf,
+                                 dtype=torch.float64)  # [0] full model, [l] block l removed
+        self.nbytes = torch.ones(len(items), self.scores.shape[-1], dtype=torch.float64)
+
+    @torch.no_grad()
+    def run(self, capture: ResidualCapture, encode: Callable[[str], list[int]], batch_size: int, device: torch.device,
+            pad_id: int = 0, max_len: int | None = None, removal: bool = True, progress=None) -> None:
+        pairs = _encode_pairs(self.items, encode, max_len)
+        pairs.sort(key=lambda p: len(p[2]))  # similar lengths together: little padding
+        for a in range(0, len(pairs), batch_size):
+            chunk = pairs[a:a + batch_size]
+            T = max(len(p[2]) for p in chunk)
+            ids = torch.full((len(chunk), T), pad_id, dtype=torch.long)
+            for r, p in enumerate(chunk):  # right padding: causal models never look at it
+                ids[r, : len(p[2])] = torch.tensor(p[2])
+            ids = ids.to(device)
+            logits, states = capture.run(ids)
+            self._score(0, chunk, ids, logits)
+            if removal:
+                for l in range(1, self.n_layers + 1):
+                    self._score(l, chunk, ids, capture.run_skipping(ids, states, {l}))
+            if progress is not None:
+                progress(len(chunk))
+
+    def _score(self, row: int, chunk, ids: torch.Tensor, logits: torch.Tensor) -> None:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        for r, (i, j, whole, start, nbytes) in enumerate(chunk):
+            tgt = ids[r, start: len(whole)]
+            lp = logp[r, start - 1: len(whole) - 1].gather(-1, tgt[:, None]).sum()
+            self.scores[row, i, j] = float(lp)
+            self.nbytes[i, j] = nbytes
+
+    def result(self) -> dict[str, Any]:
+        gold = torch.tensor([it.answer for it in self.items])
+        acc = (self.scores.argmax(-1) == gold).double().mean(-1)
+        acc_norm = ((self.scores / self.nbytes).argmax(-1) == gold).double().mean(-1)
+        return {
+            "items": len(self.items),
+            "acc": float(acc[0]),
+            "acc_norm": float(acc_norm[0]),
+            "removed_acc": acc[1:].tolist(),
+            "removed_acc_norm": acc_norm[1:].tolist(),
+            "delta_acc": (acc[1:] - acc[0]).tolist(),
+        }

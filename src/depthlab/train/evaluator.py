@@ -1,0 +1,69 @@
+"""Measurements of a model in training on fixed held-out data: the same tokens every time.
+
+    evaluator = Evaluator(forward, data.eval_batches, data.probe_batch, env)
+    evaluator.evaluate()   # EvalResult(loss, ppl, tokens): held-out loss over every eval batch
+    evaluator.probe()      # {"layer_variance": [...]}: depth-tracking probes on the probe batch
+
+``evaluate`` splits the eval batches across ranks and sums; ``probe`` runs one forward of the fixed
+probe batch with every hidden state and turns each into per-depth numbers. New depth-tracking probes
+go into :meth:`Evaluator.probe`: every key it returns lands in metrics.jsonl at each probe step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from depthlab.metrics import element_variance, perplexity
+from depthlab.train import distributed as D
+from depthlab.train.step import Forward
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float  # mean next-token loss over the held-out target tokens
+    ppl: float  # perplexity(loss)
+    tokens: int  # held-out target tokens
+
+    def record(self, step: int) -> dict[str, Any]:
+        """The metrics.jsonl line of this evaluation."""
+        return {"step": step, "eval_loss": self.loss, "eval_ppl": self.ppl, "eval_tokens": self.tokens}
+
+
+class Evaluator:
+    """Held-out evaluation and depth probes of the model behind ``forward``."""
+
+    def __init__(self, forward: Forward, eval_batches: list[torch.Tensor], probe_batch: torch.Tensor,
+                 env: D.DistEnv) -> None:
+        self.forward, self.eval_batches, self.probe_batch, self.env = forward, eval_batches, probe_batch, env
+
+    @property
+    def tokens(self) -> int:
+        return sum(b[:, 1:].numel() for b in self.eval_batches)
+
+    @torch.no_grad()
+    def evaluate(self) -> EvalResult:
+        """Mean loss over every held-out target token (rank r takes batches r, r + world, ...)."""
+        batches, world = self.eval_batches, self.env.world_size
+        mine = batches[self.env.rank::world]
+        total = torch.zeros(2, dtype=torch.float64)  # (loss sum, tokens)
+        with self.forward.eval_mode():
+            for i in range(-(-len(batches) // world)):  # same number of forwards on every rank (FSDP)
+                b = mine[i] if i < len(mine) else batches[0]
+                loss = self.forward(b[:, :-1], b[:, 1:]).loss
+                if i < len(mine):
+                    n = b[:, 1:].numel()
+                    total += torch.tensor([loss.double().item() * n, n], dtype=torch.float64)
+        D.all_reduce_sum(total, self.env)
+        mean = (total[0] / total[1]).item()
+        return EvalResult(mean, perplexity(mean), self.tokens)
+
+    @torch.no_grad()
+    def probe(self) -> dict[str, list[float]]:
+        """Per-depth numbers of the fixed probe batch: ``layer_variance`` = each block's output
+        variance (:func:`~depthlab.metrics.element_variance`), blocks 1..L."""
+        with self.forward.eval_mode():
+            hidden = self.forward(self.probe_batch, None, True).hidden_states  # embedding, then blocks 1..L
+        return {"layer_variance": [element_variance(h) for h in hidden[1:]]}

@@ -1,0 +1,55 @@
+"""metrics.jsonl of a run (rank 0 only), optionally mirrored to tensorboard.
+
+One JSON object per line, each with ``step``: train lines (loss, lr, tokens, tokens_per_s,
+grad_norm), eval lines (eval_loss, eval_ppl, eval_tokens) and probe lines (layer_variance).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from depthlab.errors import DepthlabError
+
+
+class MetricsLog:
+    """Appends records to ``path``; on resume (``keep_until`` = the checkpoint's step) first drops
+    the lines written after that step. Does nothing on ranks other than 0 (``enabled=False``)."""
+
+    def __init__(self, path: Path, enabled: bool, keep_until: int | None, tensorboard: bool) -> None:
+        self.enabled, self.path, self.tb = enabled, path, None
+        if not enabled:
+            return
+        if keep_until is not None and path.is_file():  # resuming: drop lines past the checkpoint
+            lines = [ln for ln in path.read_text().splitlines()
+                     if ln.strip() and json.loads(ln).get("step", 0) <= keep_until]
+            path.write_text("".join(ln + "\n" for ln in lines))
+        self.f = path.open("a")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise DepthlabError("--tensorboard needs the tensorboard package "
+                                    "(pip install 'depthlab[logging]')") from None
+            self.tb = SummaryWriter(str(path.parent / "tensorboard"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` (and its numbers to tensorboard; list values as one scalar per block)."""
+        if not self.enabled:
+            return
+        self.f.write(json.dumps(record) + "\n")
+        self.f.flush()
+        if self.tb is not None:
+            for k, v in record.items():
+                if isinstance(v, list):
+                    for i, x in enumerate(v, 1):
+                        self.tb.add_scalar(f"{k}/{i:03d}", x, record["step"])
+                elif k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, record["step"])
+
+    def close(self) -> None:
+        if self.enabled:
+            self.f.close()
+            if self.tb is not None:
+                self.tb.close()

@@ -1,0 +1,136 @@
+"""Opening a run directory: the checks before anything is written, then config.json + tokenizer/.
+
+    run = open_run(model_cfg, train_cfg, out, resume, env)   # validate; resolve tokenizer; no writes
+    ...                                                       # load data (bad data fails here too)
+    config = write_run_dir(run, command, env)                 # rank 0 writes a fresh run's files
+
+A fresh run needs ``out`` absent or empty; a resumed one needs ``out/config.json``, the same
+tokenizer, model and :data:`RESUME_KEYS` settings (they fix the data order and the update rule).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from depthlab.config import ModelConfig
+from depthlab.data import (
+    DEFAULT_TOKENIZER,
+    Tokenizer,
+    build_tokenizer,
+    check_tokenizer_spec,
+    is_shard_dir,
+    iter_documents,
+    load_tokenizer,
+    shard_meta,
+)
+from depthlab.errors import DepthlabError
+from depthlab.provenance import command_line, versions
+from depthlab.train import distributed as D
+from depthlab.train.config import TrainConfig
+
+#: TrainConfig fields that must match to resume a run (they fix the data order and the update rule).
+RESUME_KEYS = ("data", "val_data", "text_field", "tokenizer", "seq_len", "pack", "streaming", "batch_size", "steps",
+               "lr", "warmup", "min_lr_ratio", "optimizer", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip",
+               "seed")
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """A checked run: resolved configs (vocabulary and tokenizer filled in) and its tokenizer."""
+
+    out: Path
+    model_cfg: ModelConfig
+    cfg: TrainConfig
+    tokenizer: Tokenizer
+    resume: bool
+    saved: dict[str, Any] | None  # the run's config.json when resuming
+
+
+def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv) -> RunSetup:
+    """Check ``out``, resolve the training config and the tokenizer, check a resume; writes nothing
+    (a BPE tokenizer may be trained into the cache). Raises DepthlabError on any mismatch."""
+    saved = _saved_config(out) if resume else None
+    if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DepthlabError(f"run directory {str(out)!r} already exists; "
+                            "pass --resume to continue it or choose a new --out")
+    cfg = train_cfg.resolve(model_cfg, env.world_size)
+    tok = resolve_tokenizer(cfg, out, resume, env)
+    cfg = cfg.replace(tokenizer=tok.spec)
+    model_cfg = model_cfg.replace(vocab_size=tok.vocab_size)
+    if saved is not None:
+        check_resume(saved, model_cfg, cfg, out)
+    return RunSetup(out, model_cfg, cfg, tok, resume, saved)
+
+
+def _saved_config(out: Path) -> dict[str, Any]:
+    if not (out / "config.json").is_file():
+        raise DepthlabError(f"cannot resume {str(out)!r}: no config.json there (not a run directory)")
+    return json.loads((out / "config.json").read_text())
+
+
+def resolve_tokenizer(cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv) -> Tokenizer:
+    """The run's tokenizer: the saved one when resuming, a token-shard directory's own, or built
+    from ``cfg.tokenizer`` (rank 0 first: it trains / caches, then the others read the cache)."""
+    if resume:
+        tok = load_tokenizer(out / "tokenizer")
+        if cfg.tokenizer is not None and cfg.tokenizer != tok.spec:
+            raise DepthlabError(f"cannot resume {str(out)!r}: it was trained with tokenizer {tok.spec!r}, "
+                                f"not {cfg.tokenizer!r}")
+        return tok
+    if is_shard_dir(cfg.data):
+        meta = shard_meta(cfg.data)
+        if cfg.tokenizer is not None and cfg.tokenizer != meta["tokenizer"]:
+            raise DepthlabError(f"token shards {cfg.data!r} were made with tokenizer {meta['tokenizer']!r}, "
+                                f"not {cfg.tokenizer!r}")
+        return load_tokenizer(Path(cfg.data).expanduser() / "tokenizer")
+    spec = cfg.tokenizer or DEFAULT_TOKENIZER
+    check_tokenizer_spec(spec)
+    iter_documents(cfg.data, "train", cfg.text_field)  # bad data specs fail here, before any training
+    tok = None
+    for turn in (0, 1):
+        if (turn == 0) == env.is_main:
+            texts = iter_documents(cfg.data, "train", cfg.text_field) if spec.startswith("bpe:") else None
+            tok = build_tokenizer(spec, texts, cache_dir=cfg.cache_dir)
+        D.barrier(env)
+    return tok
+
+
+def check_resume(saved: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig, out: Path) -> None:
+    """Raise DepthlabError naming what differs when the saved run has another model or other
+    :data:`RESUME_KEYS` settings."""
+    if saved["model"] != model_cfg.to_dict():
+        diff = sorted(k for k in model_cfg.to_dict() if saved["model"].get(k) != model_cfg.to_dict()[k])
+        raise DepthlabError(f"cannot resume {str(out)!r}: the model differs from the saved run in {', '.join(diff)} "
+                            f"(saved scheme {saved['model'].get('scheme')!r})")
+    diff = [k for k in RESUME_KEYS if saved["train"].get(k) != getattr(cfg, k)]
+    if diff:
+        detail = ", ".join(f"{k}={getattr(cfg, k)!r} (saved {saved['train'].get(k)!r})" for k in diff)
+        raise DepthlabError(f"cannot resume {str(out)!r}: training settings differ: {detail}")
+
+
+def run_config(run: RunSetup, command: str | None, world_size: int) -> dict[str, Any]:
+    """The run's config record (config.json, and the copy in every checkpoint). Resuming keeps the
+    saved record, adding this session's command as ``command_resume`` and its versions."""
+    tok = run.tokenizer
+    config = {"model": run.model_cfg.to_dict(), "train": run.cfg.to_dict(),
+              "tokenizer": {"spec": tok.spec, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
+                            "pad_id": tok.pad_id, "fingerprint": tok.fingerprint()},
+              "versions": versions(), "command": command or command_line(), "world_size": world_size}
+    if run.resume:
+        return {**run.saved, "command_resume": config["command"], "versions": config["versions"]}
+    return config
+
+
+def write_run_dir(run: RunSetup, command: str | None, env: D.DistEnv) -> dict[str, Any]:
+    """Create a fresh run's directory with config.json and tokenizer/ (rank 0; every rank waits);
+    returns :func:`run_config`'s record."""
+    config = run_config(run, command, env.world_size)
+    if env.is_main and not run.resume:
+        run.out.mkdir(parents=True, exist_ok=True)
+        (run.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        run.tokenizer.save(run.out / "tokenizer")
+    D.barrier(env)
+    return config

@@ -1,0 +1,110 @@
+"""One optimizer step, and the forward call every training and evaluation pass goes through.
+
+    forward = Forward(module, device, autocast_for(cfg, device))
+    result = train_step(step, forward, model, optimizer, data.train, cfg, env)   # StepResult
+
+One step = one global batch of ``batch_size`` sequences (global sequences ``(step-1)*B .. step*B-1``
+of the seeded order), split across ranks, then into micro-batches. The loss is the mean over every
+non-pad target token of the global batch, whatever the split, so a run on N ranks with accumulation
+computes the same update as one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from depthlab.data import IGNORE_INDEX
+from depthlab.train import distributed as D
+from depthlab.train.config import TrainConfig
+from depthlab.train.optim import lr_at, set_lr
+
+
+#: A factory of fresh autocast (or null) contexts, one per forward.
+Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+def autocast_for(cfg: TrainConfig, device: torch.device) -> Autocast:
+    """A factory of the run's autocast context: bf16 when ``cfg.dtype`` says so (``auto``: on CUDA)."""
+    use_bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.type == "cuda")
+    return (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
+
+
+class Forward:
+    """``forward(x, y=None, hidden=False) -> LossOutput``: the (wrapped) loss module on the run's
+    device, under its autocast. Inputs move to the device here."""
+
+    def __init__(self, module: nn.Module, device: torch.device, autocast: Autocast) -> None:
+        self.module, self.device, self.autocast = module, device, autocast
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor | None = None, hidden: bool = False) -> D.LossOutput:
+        with self.autocast():
+            labels = None if y is None else y.to(self.device, non_blocking=True)
+            return self.module(x.to(self.device, non_blocking=True), labels, hidden)
+
+    @contextlib.contextmanager
+    def eval_mode(self) -> Iterator[None]:
+        """Inside: the module in eval mode; back to train mode after."""
+        self.module.eval()
+        try:
+            yield
+        finally:
+            self.module.train()
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    loss: float  # mean loss over the global batch's target tokens (non-finite: nothing was updated)
+    lr: float
+    tokens: int  # target tokens of the global batch
+    grad_norm: float | None  # global gradient norm before clipping (only with cfg.grad_clip)
+
+
+def train_step(step: int, forward: Forward, model: nn.Module, optimizer: torch.optim.Optimizer, train_data: Any,
+               cfg: TrainConfig, env: D.DistEnv) -> StepResult:
+    """Optimizer step ``step`` (1-based): schedule the lr, accumulate this rank's slice of the global
+    batch, clip, update. A non-finite loss drops the gradients, updates nothing and is returned for
+    the caller to stop on."""
+    lr = lr_at(step - 1, cfg)
+    set_lr(optimizer, lr)
+    x, y = train_data.rank_batch(step - 1, cfg.batch_size, env.rank, env.world_size)
+    loss, n_global = accumulate_gradients(forward, x, y, cfg, env)
+    if not math.isfinite(loss):
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(step, loss, lr, n_global, None)
+    grad_norm = None
+    if cfg.grad_clip is not None:
+        total_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        grad_norm = float(total_norm.full_tensor() if hasattr(total_norm, "full_tensor") else total_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(step, loss, lr, n_global, grad_norm)
+
+
+def accumulate_gradients(forward: Forward, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
+                         env: D.DistEnv) -> tuple[float, int]:
+    """Backward over this rank's micro-batches of ``(x, y)`` so that the summed gradient is that of
+    the mean loss over the global batch's target tokens. Returns (that mean loss, the global count)."""
+    world, micro = env.world_size, cfg.micro_batch_size
+    accum = cfg.accum_steps(world)
+    n_global = int(D.all_reduce_sum(torch.tensor((y != IGNORE_INDEX).sum().item(), dtype=torch.int64), env))
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    for m in range(accum):
+        xm, ym = x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
+        n_micro = int((ym != IGNORE_INDEX).sum())
+        with D.grad_sync(forward.module, env, sync=m == accum - 1):
+            loss = forward(xm, ym).loss
+            if n_micro == 0:
+                loss = loss.nan_to_num(0.0) * 0.0
+            # sum of token losses / global token count; x world because DDP/FSDP average over ranks
+            (loss * (n_micro * world / max(n_global, 1))).backward()
+        loss_sum += loss.detach().double().cpu() * n_micro
+    D.all_reduce_sum(loss_sum, env)
+    return (loss_sum / max(n_global, 1)).item(), n_global

@@ -1,0 +1,73 @@
+"""One definition each: perplexity, output variance, provenance, first error line, the compare
+table format; plots have no import-time side effect; the package has no import cycle."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from depthlab.compare_table import MISSING, format_cell, markdown_table
+from depthlab.diagnostics import VarianceAccumulator
+from depthlab.errors import first_line
+from depthlab.metrics import element_variance, perplexity
+from depthlab.provenance import command_line, versions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_perplexity_overflows_to_inf():
+    assert perplexity(0.0) == 1.0 and perplexity(2.0) == pytest.approx(math.exp(2.0))
+    assert perplexity(709.0) < math.inf and perplexity(710.0) == math.inf and perplexity(1e9) == math.inf
+    assert math.isnan(perplexity(float("nan")))
+
+
+def test_streamed_variance_is_element_variance():
+    torch.manual_seed(0)
+    states = [torch.randn(3, 5, 8) * s + s for s in (1.0, 2.0)]
+    acc = VarianceAccumulator(2)
+    for b in range(3):
+        acc.update([s[b:b + 1] for s in states])
+    assert acc.result()["variance"] == pytest.approx([element_variance(s) for s in states], rel=1e-9)
+    assert element_variance(states[0]) == pytest.approx(states[0].double().var(unbiased=False).item())
+
+
+def test_command_line_and_versions(monkeypatch):
+    assert command_line(["train", "--out", "a b"]) == "depthlab train --out 'a b'"
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/depthlab", "diagnose", "x y"])
+    assert command_line() == "depthlab diagnose 'x y'"
+    monkeypatch.setattr(sys, "argv", ["script.py", "--n", "1"])
+    assert command_line() == "script.py --n 1"
+    v = versions()
+    assert v["torch"] == torch.__version__ and "python" in v
+
+
+def test_first_line():
+    assert first_line(ValueError("  first\nsecond")) == "first"
+    assert first_line(OSError()) == "OSError"
+
+
+def test_compare_cells():
+    row = {"eval_ppl": 19.0, "eval_ppl_std": 1.5, "delta_ppl_vs_pre": -2.0, "eval_loss": float("nan")}
+    assert format_cell(row, "eval_ppl") == "19.00 ± 1.50"
+    assert format_cell(row, "delta_ppl_vs_pre") == "-2.00" and format_cell(row, "eval_loss") == MISSING
+    assert format_cell(row, "deep_angular") == MISSING
+    md = markdown_table([{"scheme": "lns", **row}])
+    assert md.splitlines()[2].startswith("| lns | – | 19.00 ± 1.50 | -2.00 |")
+
+
+def test_importing_plots_leaves_the_backend_alone():
+    code = ("import sys, matplotlib; raw = lambda: dict.__getitem__(matplotlib.rcParams, 'backend'); b = raw(); "
+            "import depthlab.plots.training, depthlab.plots.diagnostics, depthlab.plots.compare, depthlab.plots.theory; "
+            "assert raw() == b, raw(); assert 'matplotlib.pyplot' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_no_import_cycles():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_import_cycles.py")], check=False, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
