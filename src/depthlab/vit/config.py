@@ -101,10 +101,12 @@ class ViTConfig(JsonConfig):
 
 
 #: ``vit-tiny``: sized for scikit-learn's 8x8 digits on one CPU core (16 patches of 2x2 + CLS, 8 blocks of width
-#: 64); ``vit-s``: ViT-S/16 as in the paper's Table 5 (ImageNet-1K, 224 px; LayerScale removed = scheme "pre").
+#: 64). Its init_std 0.05 keeps ViT-S's per-component q/k scale (0.02*sqrt(384) ~ 0.05*sqrt(64) ~ 0.4); at 0.02 the
+#: attention of a width-64 model starts uniform and 150 steps reach 42 % instead of 94 % held-out accuracy.
+#: ``vit-s``: ViT-S/16 as in the paper's Table 5 (ImageNet-1K, 224 px; LayerScale removed = scheme "pre").
 VIT_PRESETS: dict[str, dict[str, Any]] = {
     "vit-tiny": dict(image_size=8, patch_size=2, channels=1, num_classes=10, n_layers=8, d_model=64, n_heads=4,
-                     d_ff=128),
+                     d_ff=128, init_std=0.05),
     "vit-s": dict(image_size=224, patch_size=16, channels=3, num_classes=1000, n_layers=12, d_model=384, n_heads=6,
                   d_ff=1536),
 }
