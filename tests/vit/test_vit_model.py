@@ -158,3 +158,11 @@ def test_bad_pixels_shape_is_one_line():
     with pytest.raises(DepthlabError) as err:
         model(torch.randn(2, 3, 8, 8))
     assert "\n" not in str(err.value) and "(2, 3, 8, 8)" in str(err.value)
+
+
+def test_hf_vits_we_cannot_express_are_refused_in_one_line():
+    hf = hf_vit(layers=1)
+    hf.config.hidden_act = "gelu_new"
+    with pytest.raises(DepthlabError) as err:
+        from_hf_vit(hf)
+    assert "hidden_act='gelu_new'" in str(err.value) and "\n" not in str(err.value)
