@@ -7,9 +7,11 @@ from depthlab.errors import DepthlabError
 from depthlab.vit import vit_from_preset
 from depthlab.vit.data import augment_batch, load_images, split_indices
 
-pytest.importorskip("sklearn")
+needs_sklearn = pytest.mark.skipif(__import__("importlib.util").util.find_spec("sklearn") is None,
+                                   reason="the digits need scikit-learn")
 
 
+@needs_sklearn
 def test_digits_split_is_deterministic_disjoint_and_normalised():
     a, b = load_images("digits", seed=0), load_images("digits", seed=0)
     assert a.train_x.shape[1:] == (1, 8, 8) and len(a.train_y) + len(a.test_y) == 1797
@@ -84,6 +86,7 @@ def test_bad_image_data_is_one_line(tmp_path, case, match):
     assert match in str(err.value) and "\n" not in str(err.value)
 
 
+@needs_sklearn
 def test_fit_on_digits_beats_chance_clearly():
     from depthlab.vit.train import fit
 
