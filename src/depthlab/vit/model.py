@@ -1,0 +1,190 @@
+"""ViT: patch embedding + class token + positions ─► blocks from the scheme registry ─► norm ─► linear head.
+
+The residual stream at block boundaries is exposed as in ``DecoderLM``: ``hidden_states[0]`` is the
+embedding output (input of block 1, after the scheme's ``embed_norm``), ``hidden_states[l]`` the output
+of block ``l`` (before the final norm); ``run_blocks`` / ``head`` let the diagnostics reuse a prefix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from depthlab.errors import DepthlabError
+from depthlab.nn.attention import Attention
+from depthlab.nn.mlp import GeluMLP
+from depthlab.nn.norms import GroupLayerNorm, LayerNorm
+from depthlab.schemes import Parts, admin_profile, get_scheme
+from depthlab.vit.config import ViTConfig
+
+
+class ViTMLP(GeluMLP):
+    """The GELU MLP under the names the registry's init rules use for a feed-forward's projections.
+
+    ``down_proj`` is the output projection ``fc2`` (Scaled / Depth-Scaled Init, DeepNorm); ``up_proj`` and
+    ``gate_proj`` both name the input projection ``fc1`` (a GELU MLP has no gate, so DeepNorm's beta on
+    "every FFN weight" reaches fc1 and fc2, exactly once each in distribution). Properties, not modules:
+    state-dict keys stay ``fc1`` / ``fc2`` (those of HF and timm)."""
+
+    @property
+    def down_proj(self) -> nn.Linear:
+        return self.fc2
+
+    @property
+    def up_proj(self) -> nn.Linear:
+        return self.fc1
+
+    @property
+    def gate_proj(self) -> nn.Linear:
+        return self.fc1
+
+
+def vit_parts(cfg: ViTConfig) -> Parts:
+    """A ViT's parts: LayerNorm (scalable, for LNS), bidirectional attention with biases, GELU MLP."""
+    d, h = cfg.d_model, cfg.n_heads
+
+    def attention() -> Attention:
+        return Attention(d, h, h, d // h, qkv_bias=True, causal=False, out_bias=True)
+
+    return Parts(d, cfg.n_layers, attention, lambda: ViTMLP(d, cfg.d_ff),
+                 lambda scale=1.0: LayerNorm(d, cfg.norm_eps, scale=scale),
+                 lambda groups: GroupLayerNorm(d, groups, cfg.norm_eps))
+
+
+@dataclass
+class ViTOutput:
+    logits: torch.Tensor  # (B, num_classes)
+    loss: torch.Tensor | None = None  # mean cross-entropy when labels were given
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # L+1 tensors (B, T, D), T = patches + 1
+
+
+class ViT(nn.Module):
+    """pixels ─ patch_embed ─ [cls; patches] + pos_embed ─ embed_norm ─► block_1 … block_L ─► norm ─ pool ─ head."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        scheme = get_scheme(cfg.scheme)
+        options, parts = scheme.validate(cfg), vit_parts(cfg)  # type: ignore[arg-type]
+        d = cfg.d_model
+        self.patch_embed = nn.Conv2d(cfg.channels, d, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.seq_len, d))
+        self.embed_norm = scheme.embed_norm(parts, options)  # nn.Identity but for Peri-LN
+        self.blocks = nn.ModuleList(scheme.block(parts, options, layer) for layer in cfg.depths)
+        self.norm = scheme.final_norm(parts, options)  # never scaled by LNS
+        self.classifier = nn.Linear(d, cfg.num_classes)
+
+    # ------------------------------------------------------------------ init
+    def reset_parameters(self) -> None:
+        """(Re-)initialise with the scheme's rule (linear weights, norms, gains), then the ViT's own
+        parameters (patch embedding, class token, positions), then the scheme's post-init."""
+        scheme = get_scheme(self.cfg.scheme)
+        with torch.no_grad():
+            scheme.init(self)
+            std = self.cfg.init_std
+            for p in (self.patch_embed.weight, self.cls_token, self.pos_embed):
+                nn.init.trunc_normal_(p, std=std, a=-2 * std, b=2 * std)
+            nn.init.zeros_(self.patch_embed.bias)
+        post = _VIT_POST_INIT.get(scheme.post_init, scheme.post_init)
+        if post is not None:
+            post(self)
+
+    # ------------------------------------------------------------------ pieces (used by diagnostics)
+    def embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) pixels -> (B, T, D) input of block 1 (class token first)."""
+        if pixel_values.dim() != 4 or pixel_values.shape[1:] != (self.cfg.channels, self.cfg.image_size,
+                                                                 self.cfg.image_size):
+            want = (self.cfg.channels, self.cfg.image_size, self.cfg.image_size)
+            raise DepthlabError(f"pixel_values must have shape (B, {', '.join(map(str, want))}), "
+                                f"got {tuple(pixel_values.shape)}")
+        x = self.patch_embed(pixel_values.to(self.patch_embed.weight.dtype)).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        return self.embed_norm(x)
+
+    def run_blocks(self, h: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Apply blocks ``start .. stop-1`` (0-based positions) to a residual stream (B, T, D)."""
+        for block in self.blocks[start:stop]:
+            h = block(h, None)
+        return h
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm, pooling and classifier: residual stream (B, T, D) -> logits (B, num_classes)."""
+        h = self.norm(h)
+        pooled = h[:, 0] if self.cfg.pool == "cls" else h[:, 1:].mean(dim=1)
+        return self.classifier(pooled)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None,
+                output_hidden_states: bool = False) -> ViTOutput:
+        h = self.embed(pixel_values)
+        hidden = [h] if output_hidden_states else None
+        for block in self.blocks:
+            h = block(h, None)
+            if hidden is not None:
+                hidden.append(h)
+        logits = self.head(h)
+        loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
+        return ViTOutput(logits, loss, tuple(hidden) if hidden is not None else None)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+@torch.no_grad()
+def vit_admin_profile(model: ViT) -> None:
+    """Admin's profiling (``depthlab.schemes.admin_profile``) on random pixels instead of token ids:
+    omega_i^2 = sum_{j<i} Var f_j, branches in execution order, from one forward pass at init."""
+    variances: list[float] = []
+    branches = [m for block in model.blocks for m in (block.attn, block.ffn)]
+    hooks = [b.register_forward_hook(lambda _m, _i, out: variances.append(out.float().var().item())) for b in branches]
+    try:
+        gen = torch.Generator().manual_seed(0)
+        c, s = model.cfg.channels, model.cfg.image_size
+        pixels = torch.randn((4, c, s, s), generator=gen)
+        model(pixels.to(next(model.parameters()).device))
+    finally:
+        for h in hooks:
+            h.remove()
+    gains = [g for block in model.blocks for g in (block.attn_resid, block.ffn_resid)]
+    running = 1.0
+    for gain, var in zip(gains, variances):
+        gain.init = math.sqrt(running)
+        gain.reset_parameters()
+        running += var
+
+
+#: Post-init passes that feed a decoder token ids, and their ViT versions (keyed by the callable, not a name).
+_VIT_POST_INIT = {admin_profile: vit_admin_profile}
+
+
+def vit_num_params(cfg: ViTConfig) -> int:
+    """Parameter count of the ViT ``cfg`` describes, from a meta-device build (no memory, no init)."""
+    with torch.device("meta"):
+        return ViT(cfg).num_params()
+
+
+def build_vit(cfg: ViTConfig, device: torch.device | str | None = None) -> ViT:
+    """Build and initialise a ViT. On ``device="meta"`` the weights stay unmaterialised: call
+    ``model.to_empty(device=...)`` then ``model.reset_parameters()``."""
+    with torch.device(device or "cpu"):
+        model = ViT(cfg)
+        if str(device) != "meta":
+            model.reset_parameters()
+    return model
+
+
+def vit_with_weights(cfg: ViTConfig, state: dict[str, torch.Tensor], where: str,
+                     device: torch.device | str | None = None) -> ViT:
+    """A ViT of ``cfg`` holding exactly ``state`` (built on meta, no init pass). ``where`` names the source."""
+    with torch.device("meta"):
+        model = ViT(cfg)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise DepthlabError(f"{where} does not match scheme {cfg.scheme!r}: "
+                            f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    return model.to(device or "cpu").eval()
