@@ -18,7 +18,7 @@ __all__ = [
     "ConfigError", "__version__",
 ]
 
-_SUBMODULES = ("hf", "data", "train", "diagnostics", "compare", "theory", "plots")
+_SUBMODULES = ("hf", "data", "train", "diagnostics", "compare", "theory", "plots", "vit")
 
 
 def __getattr__(name: str):
