@@ -115,7 +115,6 @@ def model_with_weights(cfg: ModelConfig, state: dict[str, torch.Tensor], where: 
                        device: torch.device | str | None = None) -> DecoderLM:
     """A model of ``cfg`` holding exactly ``state``: built on the meta device, so no init pass runs
     (Admin's profiling included) on weights about to be replaced. ``where`` names the source in errors."""
-    from depthlab.errors import DepthlabError
 
     with torch.device("meta"):
         model = DecoderLM(cfg)

@@ -8,8 +8,18 @@ import pytest
 import torch
 
 from depthlab.data import (
-    BUILTIN_VAL_BOOKS, ByteTokenizer, build_tokenizer, builtin_path, eval_token_batches, inputs_and_labels,
-    iter_documents, load_sequences, load_tokenizer, pack_tokens, pad_tokens, write_shards,
+    BUILTIN_VAL_BOOKS,
+    ByteTokenizer,
+    build_tokenizer,
+    builtin_path,
+    eval_token_batches,
+    inputs_and_labels,
+    iter_documents,
+    load_sequences,
+    load_tokenizer,
+    pack_tokens,
+    pad_tokens,
+    write_shards,
 )
 from depthlab.errors import DepthlabError
 

@@ -6,7 +6,13 @@ import warnings
 
 import torch
 
-from depthlab.diagnostics import AngularAccumulator, ResidualCapture, VarianceAccumulator, find_layers, pair_matrix_to_layout
+from depthlab.diagnostics import (
+    AngularAccumulator,
+    ResidualCapture,
+    VarianceAccumulator,
+    find_layers,
+    pair_matrix_to_layout,
+)
 
 
 def _cap(model):

@@ -245,8 +245,8 @@ def test_cli_tokenize_then_train_on_shards(tmp_path, capsys):
 
 def test_same_seed_same_data_and_init_whatever_the_scheme(tmp_path, monkeypatch):
     """compare relies on it: pre and lns runs see the same batches and start from the same weights."""
-    from depthlab.data.batches import TokenSequences
     import depthlab.train.loop as loop
+    from depthlab.data.batches import TokenSequences
 
     seen, inits = {}, {}
     real_batch, real_build = TokenSequences.rank_batch, loop.build_model

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from depthlab.cli._args import schemes_epilog
+
 USAGE = """\
 examples:
   depthlab compare --schemes pre,lns --preset tiny --steps 300 --out cmp/tiny
@@ -50,7 +52,8 @@ def add_shared_arguments(p: argparse.ArgumentParser, steps: int | None = None, e
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="train + diagnose several schemes side by side (paper Table 1)",
-                              description=__doc__ + "\n\n" + USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__ + "\n\n" + USAGE, epilog=schemes_epilog(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--schemes", type=_csv, required=True, help="comma-separated schemes, e.g. pre,lns,mix,post")
     p.add_argument("--preset", default="tiny", help="model preset (default tiny)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="model_set",

@@ -11,7 +11,7 @@ usage examples:
   depthlab theory --depth 5000 --out theory/ --no-empirical     # recursions only, instant
 
 Writes theory.json (curves, fitted growth rates, provenance) and theory.png into --out.
-Recursions (SPEC §6): Pre-LN σ²_{l+1} = σ²_l (1 + c/σ_l), LNS σ²_{l+1} = σ²_l (1 + c/(√l σ_l)),
+Recursions (docs/paper.md §6.8): Pre-LN σ²_{l+1} = σ²_l (1 + c/σ_l), LNS σ²_{l+1} = σ²_l (1 + c/(√l σ_l)),
 and the gradient-bound products of Theorems 3.3 / 4.2 with constants A, B.
 Empirical: randomly initialised pre and lns models (tiny preset, narrowed), residual variance at
 every depth and the RMS gain of ∂y_l/∂x_1 (vector-Jacobian products) at a geometric grid of depths.

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from depthlab.cli._args import parse_overrides
+from depthlab.cli._args import parse_overrides, scheme_help, schemes_epilog
 
 USAGE = """\
 examples:
@@ -17,7 +17,7 @@ examples:
   torchrun --nproc_per_node 8 -m depthlab train --preset llama-130m --scheme lns \\
       --data hf:allenai/c4:en --tokenizer hf:t5-base --seq-len 256 --batch-size 512 --dist fsdp --out runs/130m
 
-Unset options take the preset's defaults (SPEC.md §4: lr, steps, warm-up, seq len 256, batch 512;
+Unset options take the preset's defaults (docs/paper.md §4: lr, steps, warm-up, seq len 256, batch 512;
 tiny: CPU-sized). Outputs in --out: config.json, tokenizer/, metrics.jsonl, summary.json, checkpoint/,
 layer_variance.png and loss.png.
 """
@@ -32,12 +32,13 @@ _TRAIN_FLAGS = ("data", "val_data", "text_field", "tokenizer", "seq_len", "batch
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="pre-train a model (one normalization scheme) on a corpus",
-                              description=__doc__ + "\n\n" + USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__ + "\n\n" + USAGE, epilog=schemes_epilog(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     m = p.add_argument_group("model")
     m.add_argument("--preset", help="model preset (default tiny); see depthlab.PRESETS")
-    m.add_argument("--scheme", help="normalization scheme, e.g. pre, lns, post, mix (default pre)")
+    m.add_argument("--scheme", help=scheme_help())
     m.add_argument("--set", action="append", metavar="KEY=VALUE", dest="model_set",
-                   help="override a ModelConfig field, e.g. --set n_layers=8 (repeatable)")
+                   help="override a ModelConfig field or a scheme option, e.g. --set n_layers=8 (repeatable)")
     d = p.add_argument_group("data")
     d.add_argument("--data", help="builtin | file.txt/.jsonl/.parquet | dir | glob | hf:NAME[:CONFIG] | token-shard dir")
     d.add_argument("--val-data", help="explicit held-out source (default: held-out split of --data)")

@@ -7,12 +7,26 @@
 """
 
 from depthlab.data.batches import (
-    IGNORE_INDEX, EvalBatches, TokenSequences, eval_token_batches, inputs_and_labels, is_shard_dir,
-    load_sequences, pack_tokens, pad_tokens, shard_meta, write_shards,
+    IGNORE_INDEX,
+    EvalBatches,
+    TokenSequences,
+    eval_token_batches,
+    inputs_and_labels,
+    is_shard_dir,
+    load_sequences,
+    pack_tokens,
+    pad_tokens,
+    shard_meta,
+    write_shards,
 )
 from depthlab.data.corpora import BUILTIN_VAL_BOOKS, VAL_FRACTION, builtin_path, is_val_document, iter_documents
 from depthlab.data.tokenizers import (
-    ByteTokenizer, Tokenizer, build_tokenizer, check_tokenizer_spec, default_cache_dir, load_tokenizer,
+    ByteTokenizer,
+    Tokenizer,
+    build_tokenizer,
+    check_tokenizer_spec,
+    default_cache_dir,
+    load_tokenizer,
 )
 
 DEFAULT_TOKENIZER = "bpe:4096"  # for --data builtin and local corpora: small vocab, cached

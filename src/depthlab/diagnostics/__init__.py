@@ -1,4 +1,4 @@
-"""Curse-of-Depth diagnostics for any layered model (SPEC §5): angular distance, layer removal,
+"""Curse-of-Depth diagnostics for any layered model (docs/paper.md §5): angular distance, layer removal,
 layerwise variance, block Jacobians; ``depthlab diagnose`` and its report.
 
     from depthlab.diagnostics import load_target, diagnose, DiagnoseOptions, write_report

@@ -1,4 +1,4 @@
-"""Angular distance between residual states (SPEC §5, eq. 1), all pairs, streamed.
+"""Angular distance between residual states (docs/paper.md §5.1, eq. 1), all pairs, streamed.
 
     d(x^l, x^{l+n}) = arccos(cos(x_T^l, x_T^{l+n})) / pi, averaged over every evaluated token T.
 

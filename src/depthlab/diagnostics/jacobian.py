@@ -1,4 +1,4 @@
-"""Block Jacobians (SPEC §5, Fig 5): the token-averaged d block(x)_t / d x_t of each residual block.
+"""Block Jacobians (docs/paper.md §5.4, Fig 5): the token-averaged d block(x)_t / d x_t of each residual block.
 
 For a sampled token t of an evaluation sequence, block l maps the residual stream to
 ``y = block(x)``; we take the Jacobian of ``y_t`` with respect to the token's own input ``x_t`` (a

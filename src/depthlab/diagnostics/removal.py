@@ -1,4 +1,4 @@
-"""Layer removal (SPEC §5, "performance drop"): the held-out loss with each block skipped.
+"""Layer removal (docs/paper.md §5.2, "performance drop"): the held-out loss with each block skipped.
 
 Per batch, the full pass caches every block's input (:class:`~depthlab.diagnostics.capture.ResidualCapture`);
 removing block l then reuses the cached x^l and runs only blocks l+1..L and the head. A full sweep

@@ -1,4 +1,4 @@
-"""Layerwise output variance and residual-norm growth (SPEC §5), streamed.
+"""Layerwise output variance and residual-norm growth (docs/paper.md §5.3), streamed.
 
 For each residual state x^l (l = 1..L+1; x^{l+1} is the output of block l): the variance of all its
 elements over the evaluated tokens (Fig 4's "output variance"), its RMS, and the mean per-token L2

@@ -11,6 +11,7 @@ from depthlab.hf.convert import (
     to_hf,
     to_hf_model,
 )
+from depthlab.hf.lns import SUPPORTED_MODEL_TYPES as LNS_SUPPORTED_MODEL_TYPES
 from depthlab.hf.lns import (
     apply_layernorm_scaling,
     fold_layernorm_scaling,
@@ -19,7 +20,6 @@ from depthlab.hf.lns import (
     load,
     remove_layernorm_scaling,
 )
-from depthlab.hf.lns import SUPPORTED_MODEL_TYPES as LNS_SUPPORTED_MODEL_TYPES
 
 __all__ = [
     "from_hf", "to_hf", "to_hf_model", "config_from_hf", "hf_config_for", "load_hf_model",

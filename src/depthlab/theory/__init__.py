@@ -1,4 +1,4 @@
-"""The paper's variance theory (SPEC.md §6): recursions and bounds, and an empirical check of them.
+"""The paper's variance theory (docs/paper.md §6): recursions and bounds, and an empirical check of them.
 
     recursions.py   Lemma 3.2 / 4.1 variance recursions, the frozen-σ upper bounds, the gradient-bound
                     products of Theorems 3.3 / 4.2, power-law / exponential growth fits (no model)

@@ -1,4 +1,4 @@
-"""The empirical check of the theory on randomly initialised deep models (SPEC.md §6).
+"""The empirical check of the theory on randomly initialised deep models (docs/paper.md §6).
 
 ``measure_empirical`` builds randomly initialised depthlab models of one width,
 ``pre`` and ``lns``, one deep model per scheme and seed: since neither scheme's block ``l``

@@ -1,4 +1,4 @@
-"""The paper's variance theory (SPEC.md §6) iterated numerically: recursions, bounds, growth fits.
+"""The paper's variance theory (docs/paper.md §6) iterated numerically: recursions, bounds, growth fits.
 
 **Recursions** (no model). Lemma 3.2 (Pre-LN) and Lemma 4.1 (LNS) state the growth of the
 residual-stream variance ``σ²_l`` only up to Θ(·). We iterate the representative forms

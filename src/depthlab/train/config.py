@@ -1,6 +1,6 @@
 """TrainConfig: every knob of a pre-training run, typed, commented, JSON round-trip.
 
-Fields left ``None`` are filled per preset by :meth:`TrainConfig.resolve` following SPEC.md §4
+Fields left ``None`` are filled per preset by :meth:`TrainConfig.resolve` following docs/paper.md §4.2
 (lr 1e-3 up to 250M, 5e-4 above; warm-up 10% of steps, 1% at 1B+; sequence length 256; global
 batch 512 sequences); the ``tiny`` preset gets CPU-sized defaults.
 """
@@ -17,7 +17,7 @@ OPTIMIZERS = ("adam", "adamw")
 DTYPES = ("auto", "fp32", "bf16")
 DIST_MODES = ("none", "ddp", "fsdp")
 
-#: SPEC.md §4 per preset: (lr, steps, warm-up fraction, seq_len, global batch in sequences).
+#: docs/paper.md §4.2 per preset: (lr, steps, warm-up fraction, seq_len, global batch in sequences).
 PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
     "tiny": dict(lr=2e-3, steps=300, warmup=0.1, seq_len=128, batch_size=16, eval_tokens=32_768),
     "llama-9m": dict(lr=1e-3, steps=10_000, warmup=0.1),
@@ -156,7 +156,7 @@ class TrainConfig(JsonConfig):
 
 
 def _by_size(model_cfg: ModelConfig) -> dict[str, Any]:
-    """Defaults for a custom shape, by parameter count (SPEC §4: 5e-4 from 350M up)."""
+    """Defaults for a custom shape, by parameter count (docs/paper.md §4.2, §4.4: 5e-4 from 350M up)."""
     from depthlab.model import num_params  # the count of the built modules
 
     n = num_params(model_cfg, include_embeddings=False)

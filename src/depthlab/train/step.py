@@ -25,7 +25,6 @@ from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
 from depthlab.train.optim import lr_at, set_lr
 
-
 #: A factory of fresh autocast (or null) contexts, one per forward.
 Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
 
