@@ -70,8 +70,12 @@ def register(subparsers) -> None:
     r.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
     r.add_argument("--eval-every", type=int, help="steps between held-out evaluations (0 = end only)")
     r.add_argument("--eval-tokens", type=int, help="held-out tokens per evaluation")
-    r.add_argument("--variance-every", type=int, help="steps between layerwise-variance probes")
-    r.add_argument("--probe-batch-size", type=int, help="sequences in the variance probe batch (default 8)")
+    r.add_argument("--variance-every", type=int, help="steps between depth probes (variance, tracking; default steps/20)")
+    r.add_argument("--probe-batch-size", type=int, help="sequences in the fixed held-out probe batch (default 8)")
+    r.add_argument("--no-track-depth", dest="track_depth", action="store_false", default=None,
+                   help="probe the layerwise variance only (no angular distance, contribution, norm gain, removal)")
+    r.add_argument("--no-track-removal", dest="track_removal", action="store_false", default=None,
+                   help="track depth without the removal Δloss (L partial forwards per probe; for big models)")
     r.add_argument("--log-every", type=int, help="steps between train lines in metrics.jsonl (default 10)")
     r.add_argument("--ckpt-every", type=int, help="steps between checkpoints (0 = end only)")
     r.add_argument("--keep-last", type=int, help="checkpoints kept (default 2)")
@@ -96,7 +100,7 @@ def build_configs(args):
     if not out:
         raise DepthlabError("give --out RUN_DIR (or --resume RUN_DIR)")
     given = {k: getattr(args, k) for k in _TRAIN_FLAGS if getattr(args, k) is not None}
-    for flag in ("pack", "streaming", "compile", "tensorboard"):
+    for flag in ("pack", "streaming", "compile", "tensorboard", "track_depth", "track_removal"):
         if getattr(args, flag) is not None:
             given[flag] = getattr(args, flag)
     overrides = parse_overrides(args.model_set)

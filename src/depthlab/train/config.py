@@ -74,7 +74,9 @@ class TrainConfig(JsonConfig):
     eval_tokens: int | None = None  # held-out tokens per evaluation (paper: ~10M)
     eval_batch_size: int | None = None  # sequences per eval forward; None = micro_batch_size
     variance_every: int | None = None  # steps between layerwise-variance probes; None = steps // 20
-    probe_batch_size: int = 8  # sequences in the fixed variance-probe batch (held-out text)
+    probe_batch_size: int = 8  # sequences in the fixed probe batch (held-out text)
+    track_depth: bool = True  # at each probe: angular distance, contribution, norm gain per block (else variance only)
+    track_removal: bool = True  # ... and the Δloss of removing each block (L partial forwards; off for big models)
     log_every: int = 10  # steps between train lines in metrics.jsonl
     ckpt_every: int | None = None  # steps between checkpoints; None = steps // 4; 0 = only at the end
     keep_last: int = 2  # checkpoints kept

@@ -4,6 +4,7 @@
     x, y = data.train.rank_batch(step - 1, cfg.batch_size, env.rank, env.world_size)
     data.eval_batches    # list of (B, seq_len + 1) held-out windows, the same at every evaluation
     data.probe_batch     # (probe_batch_size, seq_len) held-out inputs, the same at every probe
+    data.probe_labels    # their targets (for the removal probe)
 
 Held-out text is ``cfg.val_data`` when given (token shards: their own val split), else the
 deterministic held-out split of ``cfg.data``.
@@ -27,6 +28,7 @@ class TrainData:
     train: Any  # TokenSequences / StreamingSequences: .rank_batch(step, batch_size, rank, world) -> (x, y)
     eval_batches: list[torch.Tensor]  # held-out windows (B, seq_len + 1)
     probe_batch: torch.Tensor  # fixed held-out inputs (probe_batch_size, seq_len)
+    probe_labels: torch.Tensor | None = None  # their next-token targets (probe_batch_size, seq_len)
 
 
 def load_train_data(cfg: TrainConfig, tok: Tokenizer, env: D.DistEnv) -> TrainData:
@@ -40,8 +42,8 @@ def load_train_data(cfg: TrainConfig, tok: Tokenizer, env: D.DistEnv) -> TrainDa
                                   rank=env.rank, world_size=env.world_size)
         D.barrier(env)
     eval_batches = held_out_batches(cfg, tok)
-    probe = torch.cat(eval_batches)[: cfg.probe_batch_size, :-1]
-    return TrainData(seqs, eval_batches, probe)
+    windows = torch.cat(eval_batches)[: cfg.probe_batch_size]
+    return TrainData(seqs, eval_batches, windows[:, :-1], windows[:, 1:])
 
 
 def held_out_batches(cfg: TrainConfig, tok: Tokenizer) -> list[torch.Tensor]:

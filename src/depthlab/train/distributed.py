@@ -79,6 +79,7 @@ class LossOutput(NamedTuple):
 
     loss: torch.Tensor  # mean next-token loss; 0-dim zeros when no labels were given
     hidden_states: tuple[torch.Tensor, ...] = ()  # embedding output, then block 1..L outputs (when asked)
+    logits: torch.Tensor | None = None  # (B, T, V), only when asked (the depth probes read them)
 
 
 class LMLoss(nn.Module):
@@ -90,10 +91,10 @@ class LMLoss(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                output_hidden_states: bool = False) -> LossOutput:
+                output_hidden_states: bool = False, return_logits: bool = False) -> LossOutput:
         out = self.model(input_ids, labels=labels, output_hidden_states=output_hidden_states)
         loss = out.loss if out.loss is not None else out.logits.new_zeros(())
-        return LossOutput(loss, tuple(out.hidden_states or ()))
+        return LossOutput(loss, tuple(out.hidden_states or ()), out.logits if return_logits else None)
 
 
 def wrap(model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from depthlab.diagnostics.tracking import depth_probe
 from depthlab.metrics import element_variance, perplexity
 from depthlab.train import distributed as D
 from depthlab.train.step import Forward
@@ -36,8 +37,12 @@ class Evaluator:
     """Held-out evaluation and depth probes of the model behind ``forward``."""
 
     def __init__(self, forward: Forward, eval_batches: list[torch.Tensor], probe_batch: torch.Tensor,
-                 env: D.DistEnv) -> None:
+                 env: D.DistEnv, *, model: torch.nn.Module | None = None, probe_labels: torch.Tensor | None = None,
+                 track_depth: bool = False, track_removal: bool = False) -> None:
         self.forward, self.eval_batches, self.probe_batch, self.env = forward, eval_batches, probe_batch, env
+        self.model, self.probe_labels = model, probe_labels  # model: the unwrapped one, whose blocks get hooks
+        self.track_depth = track_depth and model is not None
+        self.track_removal = track_removal and self.track_depth and probe_labels is not None
 
     @property
     def tokens(self) -> int:
@@ -62,8 +67,13 @@ class Evaluator:
 
     @torch.no_grad()
     def probe(self) -> dict[str, list[float]]:
-        """Per-depth numbers of the fixed probe batch: ``layer_variance`` = each block's output
-        variance (:func:`~depthlab.metrics.element_variance`), blocks 1..L."""
+        """Per-depth numbers of the fixed probe batch, blocks 1..L: ``layer_variance`` = each block's
+        output variance (:func:`~depthlab.metrics.element_variance`); with depth tracking also
+        ``layer_angular``, ``layer_contribution``, ``layer_norm_gain`` and ``layer_removal``
+        (:func:`~depthlab.diagnostics.tracking.depth_probe`, from the same forward)."""
         with self.forward.eval_mode():
+            if self.track_depth:
+                return depth_probe(self.model, self.probe_batch, self.probe_labels, removal=self.track_removal,
+                                   forward=lambda ids: self.forward(ids, logits=True).logits)
             hidden = self.forward(self.probe_batch, None, True).hidden_states  # embedding, then blocks 1..L
         return {"layer_variance": [element_variance(h) for h in hidden[1:]]}

@@ -146,7 +146,8 @@ def _start_session(run: RunSetup, data: TrainData, config: dict[str, Any], devic
     resumed = _restore(run.out, module, model, optimizer, env) if run.resume else {}
     metrics = MetricsLog(run.out / "metrics.jsonl", env.is_main, resumed.get("start"), cfg.tensorboard)
     forward = Forward(module, device, autocast_for(cfg, device))
-    evaluator = Evaluator(forward, data.eval_batches, data.probe_batch, env)
+    evaluator = Evaluator(forward, data.eval_batches, data.probe_batch, env, model=model,
+                          probe_labels=data.probe_labels, track_depth=cfg.track_depth, track_removal=cfg.track_removal)
     return _Session(run, env, model, module, optimizer, forward, data, evaluator, metrics, config, **resumed)
 
 

@@ -36,15 +36,18 @@ def autocast_for(cfg: TrainConfig, device: torch.device) -> Autocast:
 
 
 class Forward:
-    """``forward(x, y=None, hidden=False) -> LossOutput``: the (wrapped) loss module on the run's
-    device, under its autocast. Inputs move to the device here."""
+    """``forward(x, y=None, hidden=False, logits=False) -> LossOutput``: the (wrapped) loss module on
+    the run's device, under its autocast. Inputs move to the device here."""
 
     def __init__(self, module: nn.Module, device: torch.device, autocast: Autocast) -> None:
         self.module, self.device, self.autocast = module, device, autocast
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor | None = None, hidden: bool = False) -> D.LossOutput:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor | None = None, hidden: bool = False,
+                 logits: bool = False) -> D.LossOutput:
         with self.autocast():
             labels = None if y is None else y.to(self.device, non_blocking=True)
+            if logits:
+                return self.module(x.to(self.device, non_blocking=True), labels, hidden, True)
             return self.module(x.to(self.device, non_blocking=True), labels, hidden)
 
     @contextlib.contextmanager
