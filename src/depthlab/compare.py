@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from depthlab.compare_table import COLUMNS, markdown_table
+from depthlab.compare_tracking import compare_tracking_markdown
 from depthlab.config import PRESETS
 from depthlab.configure import from_preset
 from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target, write_report
+from depthlab.diagnostics.tracking import deepest_third
 from depthlab.errors import DepthlabError, choices
 from depthlab.schemes import BASELINE_SCHEME, SCHEMES
 from depthlab.train import TrainConfig, list_checkpoints, train
@@ -100,12 +102,6 @@ def _diagnose_run(cfg: CompareConfig, run_dir: Path, command: str | None) -> dic
     report = diagnose(target, cfg.diagnose, command=command)
     write_report(report, out)
     return json.loads((out / "report.json").read_text())
-
-
-def deepest_third(n_layers: int) -> list[int]:
-    """Block indices (1-based) of the deepest third: the last max(1, round(L/3)) blocks."""
-    k = max(1, round(n_layers / 3))
-    return list(range(n_layers - k + 1, n_layers + 1))
 
 
 def run_row(scheme: str, seed: int, summary: dict, report: dict) -> dict[str, Any]:
@@ -183,7 +179,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     result = {"settings": settings, "command": command, "table": table, "runs": rows, "run_dirs": runs,
               "columns": {k: v[0] for k, v in COLUMNS.items()}}
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "summary.md").write_text(_summary_md(cfg, table, command))
+    (out / "summary.md").write_text(_summary_md(cfg, table, command) + compare_tracking_markdown(result, out, BASELINE_SCHEME))
     from depthlab.compare_report import write_compare_report  # late: matplotlib only when drawing
 
     result["figures"] = write_compare_report(result, out)

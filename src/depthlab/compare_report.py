@@ -8,28 +8,16 @@ from typing import Any
 
 from depthlab import htmlpage as H
 from depthlab.compare_table import COLUMNS, format_cell, shown_columns
+from depthlab.compare_tracking import first_seed_runs, run_metrics, tracked_series
 from depthlab.plots import compare as P
 from depthlab.schemes import BASELINE_SCHEME
-
-
-def _metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-
-
-def _first_seed_runs(result: dict[str, Any], out: Path) -> dict[str, Path]:
-    """scheme -> run dir of its first seed (curves are drawn for one seed, the table has all)."""
-    runs: dict[str, Path] = {}
-    for row in result["runs"]:
-        runs.setdefault(row["scheme"], out / result["run_dirs"][f"{row['scheme']}-seed{row['seed']}"])
-    return runs
 
 
 def write_compare_report(result: dict[str, Any], out: str | Path) -> dict[str, str]:
     """Draw every figure into ``out`` and write ``out/report.html``; returns {figure: file name}."""
     out = Path(out)
-    runs = _first_seed_runs(result, out)
-    metrics = {s: _metrics(d) for s, d in runs.items()}
+    runs = first_seed_runs(result, out)
+    metrics = {s: run_metrics(d) for s, d in runs.items()}
     reports = {s: json.loads((d / "diagnostics" / "report.json").read_text()) for s, d in runs.items()}
     figs: dict[str, str] = {}
 
@@ -45,6 +33,11 @@ def write_compare_report(result: dict[str, Any], out: str | Path) -> dict[str, s
         figs["variance_over_training"] = P.variance_over_training(series, out / "variance_over_training.png").name
     figs["angular_heatmaps"] = P.angular_heatmaps({s: r["angular"]["matrix"] for s, r in reports.items()},
                                                   out / "angular_heatmaps.png").name
+    tracked = tracked_series(metrics)
+    if tracked:
+        from depthlab.plots.training import TRACKED_LABELS
+
+        figs["tracking_curves"] = P.tracking_curves(tracked, TRACKED_LABELS, out / "tracking_curves.png").name
     drops = {s: r["removal"]["delta_loss"] for s, r in reports.items() if "removal" in r}
     if drops:
         figs["removal_drops"] = P.removal_drops(drops, out / "removal_drops.png").name
@@ -81,6 +74,9 @@ def render(result: dict[str, Any], out: Path, figs: dict[str, str]) -> str:
         "<h2>Layerwise output variance</h2>", H.img(out / figs["variance_by_depth"], "variance by depth"),
         H.img(out / figs["variance_over_training"], "variance during training") if "variance_over_training" in figs else "",
         "<h2>Angular distance</h2>", H.img(out / figs["angular_heatmaps"], "angular distance heatmaps"),
+        *(["<h2>Depth over training</h2>", "<p>Deepest-third mean of each tracked quantity at every probe step "
+           "(first seed): where the curves cross is when one scheme's deep blocks start doing more.</p>",
+           H.img(out / figs["tracking_curves"], "depth over training")] if "tracking_curves" in figs else []),
     ]
     if "removal_drops" in figs:
         body += ["<h2>Layer removal</h2>", H.img(out / figs["removal_drops"], "removal drop per block")]

@@ -115,3 +115,24 @@ def removal_drops(drops: Mapping[str, Sequence[float]], path: str | Path) -> Pat
     ax.legend(fontsize=8)
     ax.set_title("Performance drop when one block is removed", fontsize=10)
     return save(fig, path)
+
+
+def tracking_curves(series: Mapping[str, Mapping[str, tuple[Sequence[int], Sequence[float]]]], labels: Mapping[str, str],
+                    path: str | Path) -> Path:
+    """For each tracked quantity, its deepest-third mean against step, every scheme on one axis: where
+    the curves cross is when one scheme's deep blocks start doing more than the other's.
+    ``series[key][scheme] = (steps, values)``."""
+    keys = list(series)
+    fig, axes = subplots(1, len(keys), figsize=(3.4 * len(keys), 3.4), squeeze=False)
+    schemes = sorted({s for k in keys for s in series[k]})
+    colors = _colors(schemes)
+    for ax, key in zip(axes[0], keys):
+        for scheme, (steps, values) in series[key].items():
+            ax.plot(steps, values, color=colors[scheme], lw=1.4, label=scheme)
+        ax.set_xlabel("step")
+        ax.set_title(labels.get(key, key) + "\n(deepest third, mean)", fontsize=8)
+        ax.grid(alpha=0.3)
+        if key == "layer_variance":
+            ax.set_yscale("log")
+    axes[0][0].legend(fontsize=8)
+    return save(fig, path)

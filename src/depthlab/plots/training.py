@@ -51,8 +51,39 @@ def loss_curves(train: tuple[Sequence[int], Sequence[float]], evals: tuple[Seque
     return save(fig, path)
 
 
+#: Tracked per-block quantities (metrics.jsonl keys) and how figures name them.
+TRACKED_LABELS = {
+    "layer_angular": "angular distance d(x^l, x^{l+1})",
+    "layer_removal": "Δloss when block l is removed",
+    "layer_contribution": "‖x^{l+1} − x^l‖ / ‖x^l‖",
+    "layer_norm_gain": "mean |γ| of the pre-norms",
+    "layer_variance": "output variance",
+}
+
+
+def depth_tracking(steps: Sequence[int], series: dict[str, Sequence[Sequence[float | None]]], path: str | Path,
+                   title: str = "") -> Path:
+    """One block × step heatmap per tracked quantity: how much each block does as training goes on.
+    ``series[key]`` holds, per probe step, the L values of that quantity (None: not measured)."""
+    keys = [k for k in TRACKED_LABELS if k in series]
+    fig, axes = subplots(1, len(keys), figsize=(3.3 * len(keys), 3.6), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        v = np.array([[np.nan if x is None else x for x in row] for row in series[key]], dtype=float).T  # (L, n)
+        log = key == "layer_variance"
+        shown = np.log10(np.clip(v, 1e-12, None)) if log else v
+        im = ax.imshow(shown, aspect="auto", origin="lower", cmap="magma",
+                       extent=(steps[0], steps[-1], 0.5, v.shape[0] + 0.5))
+        ax.set_xlabel("step")
+        ax.set_ylabel("block l")
+        ax.set_title(("log10 " if log else "") + TRACKED_LABELS[key], fontsize=8)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+    fig.suptitle(title or "Depth over training", fontsize=10)
+    return save(fig, path)
+
+
 def run_figures(run_dir: str | Path) -> list[Path]:
-    """``layer_variance.png`` and ``loss.png`` of a run directory, from its metrics.jsonl."""
+    """``layer_variance.png``, ``depth_tracking.png`` and ``loss.png`` of a run directory, from its
+    metrics.jsonl."""
     run_dir = Path(run_dir)
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
     scheme = json.loads((run_dir / "config.json").read_text())["model"]["scheme"]
@@ -61,6 +92,11 @@ def run_figures(run_dir: str | Path) -> list[Path]:
     if var:
         out.append(layer_variance([l["step"] for l in var], [l["layer_variance"] for l in var],
                                   run_dir / "layer_variance.png", f"Layerwise output variance ({scheme})"))
+    tracked = [l for l in lines if "layer_angular" in l]
+    if len(tracked) > 1:
+        out.append(depth_tracking([l["step"] for l in tracked],
+                                  {k: [l[k] for l in tracked] for k in TRACKED_LABELS if k in tracked[0]},
+                                  run_dir / "depth_tracking.png", f"Depth over training ({scheme})"))
     tr = [l for l in lines if "loss" in l]
     ev = [l for l in lines if "eval_loss" in l]
     if tr:
