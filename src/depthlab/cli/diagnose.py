@@ -27,6 +27,35 @@ D backward passes over up to --jac-context tokens (lower --jac-samples / --jac-c
 """
 
 
+#: Defaults that depend on the device: a GPU gets the paper's scale (angular distance over 256K tokens);
+#: a CPU a budget that `depthlab diagnose smollm2` (135M parameters, 30 blocks) finishes in about 2 minutes
+#: on 2 cores. Tokens scale inversely with the parameter count, within [CPU_MIN_TOKENS, CPU_MAX_TOKENS].
+GPU_TOKENS = 262_144
+CPU_BUDGET_S = 120
+CPU_TOKENS_135M = 2048
+CPU_MIN_TOKENS, CPU_MAX_TOKENS = 1024, 16_384
+CPU_JACOBIAN_MAX_WIDTH = 256  # a block Jacobian costs about D backward passes
+
+
+def resolve_defaults(tokens: int | None, jacobian: bool | None, device_type: str, n_params: int, d_model: int | None,
+                     seq_len: int) -> tuple[int, bool, str | None]:
+    """(tokens, jacobian, the one line saying what was chosen, or None when the user chose both)."""
+    if device_type != "cpu":
+        t, j = GPU_TOKENS, True
+    else:
+        t = int(min(CPU_MAX_TOKENS, max(CPU_MIN_TOKENS, CPU_TOKENS_135M * 135e6 / max(n_params, 1))))
+        t = max(seq_len, t // seq_len * seq_len)
+        j = d_model is not None and d_model <= CPU_JACOBIAN_MAX_WIDTH
+    if tokens is not None and jacobian is not None:
+        return tokens, jacobian, None
+    tokens = t if tokens is None else tokens
+    jacobian = j if jacobian is None else jacobian
+    more = "--tokens 262144 --jacobian (the paper's scale; best on a GPU)" if device_type == "cpu" else "--tokens N"
+    line = (f"diagnose on {device_type}: {tokens:,} tokens, removal sweep, Jacobians {'on' if jacobian else 'off'} "
+            f"(defaults for a {n_params / 1e6:.0f}M-parameter model on this device); for more: {more}")
+    return tokens, jacobian, line
+
+
 def _ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -44,7 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default="builtin", help="evaluation text: builtin, a .txt/.jsonl/.parquet, dir, glob, hf:NAME (default builtin)")
     p.add_argument("--split", default="auto", choices=("auto", "val", "all", "train"),
                    help="split of --data (auto: val for builtin and depthlab runs, else all)")
-    p.add_argument("--tokens", type=int, default=16384, help="evaluation tokens (default 16384)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help=f"evaluation tokens (default: {GPU_TOKENS} on a GPU, the paper's scale; on a CPU a budget of "
+                        f"about {CPU_BUDGET_S // 60} minutes: {CPU_TOKENS_135M} tokens for a 135M model, up to {CPU_MAX_TOKENS})")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
@@ -52,7 +83,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scheme", default="pre", help="scheme of a preset:NAME target (default pre)")
     g = p.add_argument_group("what to measure")
     g.add_argument("--no-removal", action="store_true", help="skip the layer-removal sweep")
-    g.add_argument("--no-jacobian", action="store_true", help="skip the block Jacobians")
+    jac = g.add_mutually_exclusive_group()
+    jac.add_argument("--jacobian", dest="jacobian", action="store_true", default=None,
+                     help="compute the block Jacobians (default: on a GPU, or on a CPU for widths up to "
+                          f"{CPU_JACOBIAN_MAX_WIDTH})")
+    jac.add_argument("--no-jacobian", dest="jacobian", action="store_false", help="skip the block Jacobians")
     g.add_argument("--jac-samples", type=int, default=4, help="sampled tokens per block Jacobian (default 4)")
     g.add_argument("--jac-context", type=int, default=32, help="sampled positions lie below this (default 32)")
     g.add_argument("--jac-layers", type=_ints, default=None, help="blocks to differentiate, e.g. 1,8,16 (default all)")
@@ -96,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     from depthlab.provenance import command_line
 
     for name in ("tokens", "seq_len", "batch_size", "jac_samples", "jac_context"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise DepthlabError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.loss_budget < 0:
         raise DepthlabError("--loss-budget must be >= 0")
@@ -106,19 +141,24 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.target, device=device, dtype=dtype, scheme=args.scheme)
     if not target.causal:
         log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", args.target)
+    n_params = sum(p.numel() for p in target.model.parameters())
+    tokens, jacobian, chosen = resolve_defaults(args.tokens, args.jacobian, device.type, n_params,
+                                                target.info.get("d_model"), args.seq_len)
+    if chosen:
+        print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails
     opts = DiagnoseOptions(
-        data=args.data, split=args.split, tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch_size,
-        removal=not args.no_removal, jacobian=not args.no_jacobian, jac_samples=args.jac_samples,
+        data=args.data, split=args.split, tokens=tokens, seq_len=args.seq_len, batch_size=args.batch_size,
+        removal=not args.no_removal, jacobian=jacobian, jac_samples=args.jac_samples,
         jac_context=args.jac_context, jac_layers=args.jac_layers, heatmap_layers=args.heatmap_layers,
         mc=args.mc, mc_limit=args.mc_limit, loss_budget=args.loss_budget,
         identity_threshold=args.identity_threshold, joint_check=not args.no_joint_check,
-        progress=not args.no_progress and sys.stderr.isatty(),
+        progress=not args.no_progress,  # a bar on a terminal, ETA log lines otherwise
     )
     report = diagnose(target, opts, command=command_line(args.argv))
     out = Path(args.out or Path("reports") / Path(args.target.replace("preset:", "")).name.replace(".gguf", ""))
     page = write_report(report, out)
     if report["data"]["short"]:
-        print(f"note: the data held only {report['data']['tokens']} tokens (asked for {args.tokens}); used what there is",
+        print(f"note: the data held only {report['data']['tokens']} tokens (asked for {tokens}); used what there is",
               file=sys.stderr)
     print(report["summary"])
     print(f"report: {page}")

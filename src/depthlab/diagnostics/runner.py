@@ -28,6 +28,7 @@ from depthlab.diagnostics.targets import Target
 from depthlab.diagnostics.variance import VarianceAccumulator
 from depthlab.errors import DepthlabError
 from depthlab.metrics import perplexity
+from depthlab.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,8 @@ class DiagnoseOptions:
 
 
 def _tqdm(total: int | None, desc: str, enabled: bool, unit: str = "it"):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=False, dynamic_ncols=True)
+    """A progress bar on a terminal, ETA log lines otherwise (``depthlab.progress``)."""
+    return progress(total, desc, unit, enabled)
 
 
 def _split(opts: DiagnoseOptions, target: Target) -> str:
@@ -143,21 +143,23 @@ def _stream(cap, batches: _Batches, target: Target, opts: DiagnoseOptions) -> _S
     L = cap.n_layers
     removal = RemovalAccumulator(L) if (opts.removal and target.causal) else None
     acc = _Streamed(AngularAccumulator(L + 1), VarianceAccumulator(L + 1), removal)
-    n_seq = batches.requested // batches.seq_len
-    with _tqdm(n_seq, "residual stream" + (" + removal sweep" if removal else ""), opts.progress, "seq") as bar:
+    n_batches = -(-(batches.requested // batches.seq_len) // opts.batch_size)
+    passes = 1 + (L if removal is not None else 0)  # the captured forward, then one replay per removed block
+    desc = "residual stream" + (" + removal sweep" if removal else "")
+    with _tqdm(n_batches * passes, desc, opts.progress, "pass") as bar:
         for x, y in batches:
             logits, states = cap.run(x)
+            bar.update(1)
             acc.angular.update(states)
             acc.variance.update(states)
             if removal is not None:
-                removal.update(cap, x, y, logits, states)
+                removal.update(cap, x, y, logits, states, on_layer=lambda: bar.update(1))
             elif target.causal:
                 s, n = nll_sum(logits, y)
                 acc.base_loss, acc.base_count = acc.base_loss + s, acc.base_count + n
             if len(acc.jac_seqs) < opts.jac_samples:
                 acc.jac_seqs.extend(row.detach() for row in x[: opts.jac_samples - len(acc.jac_seqs)])
             del logits, states
-            bar.update(x.shape[0])
     if acc.angular.count == 0:
         raise DepthlabError(f"data {opts.data!r} gave no {batches.split} text to evaluate (empty, or shorter than one "
                             f"sequence of {batches.seq_len + int(target.causal)} tokens)")

@@ -116,9 +116,21 @@ def _hf_info(model: nn.Module, source: str) -> dict[str, Any]:
     }
 
 
+def _quiet_hf_bars() -> None:
+    """transformers' loading bars write unreadable carriage returns into a piped log: off unless stderr
+    is a terminal (depthlab's own stages log their progress)."""
+    import sys
+
+    if not sys.stderr.isatty():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def _causal_from_pretrained(path: str, dtype: torch.dtype, **kwargs: Any) -> nn.Module:
     from depthlab.hf.lns import load as load_lns  # restores LNS recorded in config.json
 
+    _quiet_hf_bars()
     try:
         return load_lns(path, dtype=dtype, **kwargs)
     except DepthlabError:
