@@ -91,3 +91,17 @@ def test_score_generate_matches_extracted_words():
     fake["text"] = "answer1"
     assert score_generate(fn, task, lambda s: [1], lambda ids: fake["text"], lambda ins: ins, eos_id=None,
                           max_new_tokens=1, progress=False)["acc"] == 0.0
+
+
+def test_codec_bos_for_hf_models_only(tiny_hf_dir):
+    from transformers import AutoTokenizer
+
+    from depthlab.data.tokenizers import AutoTokenizerWrapper
+    from depthlab.diagnostics.targets import Target
+    from depthlab.evaluate.run import _Codec
+
+    tok = AutoTokenizerWrapper(AutoTokenizer.from_pretrained(tiny_hf_dir), f"hf:{tiny_hf_dir}")
+    hf = _Codec(Target(_tiny(), "m", "hf-causal-lm", tok))
+    ours = _Codec(Target(_tiny(), "m", "depthlab", tok))  # a depthlab run trained with an hf: tokenizer
+    assert hf.encode("the sun")[0] == 0 == hf.prefix_id  # BOS, as lm-eval's HFLM encodes
+    assert ours.encode("the sun") == tok.encode("the sun") and ours.encode("the sun")[0] != 0

@@ -85,7 +85,9 @@ class _Codec:
             raise DepthlabError(f"{target.name!r} has no tokenizer; evaluation needs one")
         if not target.causal:
             raise DepthlabError(f"{target.name!r} is an encoder, not a causal LM; it cannot score continuations")
-        hf = getattr(tok, "tok", None) if getattr(tok, "kind", "") == "hf" else None
+        # an HF model gets its tokenizer's own special tokens (BOS), as HFLM gives them; a depthlab model
+        # (even one trained with an hf: tokenizer) gets exactly what it was trained on: tok.encode
+        hf = getattr(tok, "tok", None) if target.kind == "hf-causal-lm" and getattr(tok, "kind", "") == "hf" else None
         self.eos_id: int = tok.eos_id
         self.pad_id: int = tok.pad_id
         if hf is not None:
