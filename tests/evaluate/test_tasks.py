@@ -106,3 +106,24 @@ def test_empty_task_and_mixed_formats(tmp_path):
         load_task_file(bad_json)
     with pytest.raises(DepthlabError, match="unknown task"):
         load_tasks("nope-task")
+
+
+def test_hf_task_spec(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    calls = []
+
+    def fake(name, config=None, split=None):
+        calls.append((name, config, split))
+        if name == "offline/none":
+            raise ConnectionError("Couldn't reach 'offline/none' on the Hub (LocalEntryNotFoundError)\nmore")
+        return ITEMS["piqa"]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake)
+    task = load_tasks("hf:baber/piqa::validation")[0]
+    assert task.format == "piqa" and [it.gold for it in task.items] == [0, 1] and calls[-1] == ("baber/piqa", None,
+                                                                                                 "validation")
+    assert load_tasks("hf:allenai/ai2_arc:ARC-Easy", limit=1)[0].name == "hf:allenai/ai2_arc:ARC-Easy"
+    assert calls[-1] == ("allenai/ai2_arc", "ARC-Easy", "validation")
+    with pytest.raises(DepthlabError, match=r"cannot load task 'hf:offline/none': Couldn't reach") as err:
+        load_tasks("hf:offline/none")
+    assert "\n" not in str(err.value)
