@@ -14,5 +14,15 @@ from depthlab.finetune.data import (
     pad_examples,
 )
 
-__all__ = ["TEMPLATES", "PromptTemplate", "SFTDataset", "SFTExample", "batches", "get_template", "load_records", "pack_examples",
-           "pad_examples"]
+__all__ = ["TEMPLATES", "PromptTemplate", "SFTDataset", "SFTExample", "batches", "get_template", "load_records",
+           "pack_examples", "pad_examples"]
+
+
+def finetune(*args, **kwargs):  # noqa: D103 - late import: the trainer only when fine-tuning
+    from depthlab.finetune.run import finetune as _finetune
+
+    return _finetune(*args, **kwargs)
+
+
+finetune.__doc__ = "Fine-tune a depthlab run or an HF model directory: see :func:`depthlab.finetune.run.finetune`."
+__all__ += ["finetune"]

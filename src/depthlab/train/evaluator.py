@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from depthlab.data import IGNORE_INDEX
 from depthlab.diagnostics.tracking import depth_probe
 from depthlab.metrics import element_variance, perplexity
 from depthlab.train import distributed as D
@@ -46,20 +47,22 @@ class Evaluator:
 
     @property
     def tokens(self) -> int:
-        return sum(b[:, 1:].numel() for b in self.eval_batches)
+        return sum(int((_xy(b)[1] != IGNORE_INDEX).sum()) for b in self.eval_batches)
 
     @torch.no_grad()
     def evaluate(self) -> EvalResult:
-        """Mean loss over every held-out target token (rank r takes batches r, r + world, ...)."""
+        """Mean loss over every held-out target token that is not IGNORE_INDEX (rank r takes batches
+        r, r + world, ...)."""
         batches, world = self.eval_batches, self.env.world_size
         mine = batches[self.env.rank::world]
         total = torch.zeros(2, dtype=torch.float64)  # (loss sum, tokens)
         with self.forward.eval_mode():
             for i in range(-(-len(batches) // world)):  # same number of forwards on every rank (FSDP)
                 b = mine[i] if i < len(mine) else batches[0]
-                loss = self.forward(b[:, :-1], b[:, 1:]).loss
+                x, y = _xy(b)
+                loss = self.forward(x, y).loss
                 if i < len(mine):
-                    n = b[:, 1:].numel()
+                    n = int((y != IGNORE_INDEX).sum())  # masked targets (padding, SFT prompts) count in no loss
                     total += torch.tensor([loss.double().item() * n, n], dtype=torch.float64)
         D.all_reduce_sum(total, self.env)
         mean = (total[0] / total[1]).item()
@@ -77,3 +80,11 @@ class Evaluator:
                                    forward=lambda ids: self.forward(ids, logits=True).logits)
             hidden = self.forward(self.probe_batch, None, True).hidden_states  # embedding, then blocks 1..L
         return {"layer_variance": [element_variance(h) for h in hidden[1:]]}
+
+
+def _xy(batch: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An eval batch as (inputs, labels): a window (B, T + 1) is shifted; an (x, y) pair (SFT,
+    prompt labels IGNORE_INDEX) is taken as it is."""
+    if isinstance(batch, tuple | list):
+        return batch[0], batch[1]
+    return batch[:, :-1], batch[:, 1:]

@@ -39,6 +39,7 @@ from depthlab.train.evaluator import EvalResult, Evaluator
 from depthlab.train.metrics_log import MetricsLog
 from depthlab.train.optim import build_optimizer
 from depthlab.train.rundir import RESUME_KEYS, RunSetup, open_run, write_run_dir
+from depthlab.train.start import StartFrom
 from depthlab.train.step import Forward, StepResult, autocast_for, train_step
 
 __all__ = ["RESUME_KEYS", "TrainingDiverged", "train"]
@@ -57,18 +58,20 @@ class TrainingDiverged(RuntimeError):
 
 
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
-          progress: Progress | None = None, quiet: bool = False, command: str | None = None) -> dict[str, Any]:
+          progress: Progress | None = None, quiet: bool = False, command: str | None = None,
+          start: StartFrom | None = None) -> dict[str, Any]:
     """Pre-train ``model_cfg`` as ``train_cfg`` says, writing the run directory ``out_dir``.
 
     ``resume=True`` continues ``out_dir`` from its latest complete checkpoint (the model, tokenizer
     and data/schedule settings must match). ``progress`` is called on every step with the train
     record (step, loss, lr, tokens, tokens_per_s); ``quiet`` hides the progress bar. Returns the
-    summary (also written to ``summary.json``). Raises DepthlabError on bad input (before anything
-    is written) and TrainingDiverged on a NaN/inf loss.
+    summary (also written to ``summary.json``). ``start`` (:class:`~depthlab.train.start.StartFrom`):
+    begin from given weights, tokenizer and data instead (fine-tuning). Raises DepthlabError on bad
+    input (before anything is written) and TrainingDiverged on a NaN/inf loss.
     """
     env = D.setup(train_cfg.dist, _device(train_cfg))
     try:
-        return _train(model_cfg, train_cfg, Path(out_dir), resume, progress, quiet, command, env)
+        return _train(model_cfg, train_cfg, Path(out_dir), resume, progress, quiet, command, env, start)
     finally:
         D.teardown(env)
 
@@ -84,16 +87,16 @@ def _device(cfg: TrainConfig, env_local_rank: int = 0) -> torch.device:
 
 
 def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, progress: Progress | None,
-           quiet: bool, command: str | None, env: D.DistEnv) -> dict[str, Any]:
+           quiet: bool, command: str | None, env: D.DistEnv, start: StartFrom | None = None) -> dict[str, Any]:
     """:func:`train` inside the joined process group: set up, run the steps, write summary.json."""
     t_start = time.perf_counter()
     device = _device(train_cfg, env.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    run = open_run(model_cfg, train_cfg, out, resume, env)  # bad input fails here or in the next line,
-    data = load_train_data(run.cfg, run.tokenizer, env)  # before anything is written
-    config = write_run_dir(run, command, env)
-    session = _start_session(run, data, config, device, env)
+    run = open_run(model_cfg, train_cfg, out, resume, env, start and start.tokenizer)  # bad input fails here
+    data = (start.load_data if start else load_train_data)(run.cfg, run.tokenizer, env)  # or here; nothing written
+    config = write_run_dir(run, command, env, start.record if start else None)
+    session = _start_session(run, data, config, device, env, None if start is None else start.state_dict)
     try:
         done = _run_steps(session, progress, quiet)
     finally:
@@ -132,13 +135,16 @@ class _Session:
 
 
 def _start_session(run: RunSetup, data: TrainData, config: dict[str, Any], device: torch.device,
-                   env: D.DistEnv) -> _Session:
-    """Seed, build and wrap the model, build the optimizer, restore the latest checkpoint when
-    resuming (weights, optimizer, RNG, counters), open metrics.jsonl."""
+                   env: D.DistEnv, init: dict[str, torch.Tensor] | None = None) -> _Session:
+    """Seed, build and wrap the model (a fresh run with ``init`` loads those weights), build the
+    optimizer, restore the latest checkpoint when resuming (weights, optimizer, RNG, counters), open
+    metrics.jsonl."""
     cfg = run.cfg
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     model = build_model(run.model_cfg, device=device)
+    if init is not None and not run.resume:
+        model.load_state_dict(init)
     if cfg.compile:
         model.compile()
     module = D.wrap(model, env, device)

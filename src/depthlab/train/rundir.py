@@ -49,15 +49,17 @@ class RunSetup:
     saved: dict[str, Any] | None  # the run's config.json when resuming
 
 
-def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv) -> RunSetup:
-    """Check ``out``, resolve the training config and the tokenizer, check a resume; writes nothing
-    (a BPE tokenizer may be trained into the cache). Raises DepthlabError on any mismatch."""
+def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv,
+             tokenizer: Tokenizer | None = None) -> RunSetup:
+    """Check ``out``, resolve the training config and the tokenizer (``tokenizer``: a fresh run's
+    given one, e.g. a fine-tuned model's own), check a resume; writes nothing (a BPE tokenizer may be
+    trained into the cache). Raises DepthlabError on any mismatch."""
     saved = _saved_config(out) if resume else None
     if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"run directory {str(out)!r} already exists; "
                             "pass --resume to continue it or choose a new --out")
     cfg = train_cfg.resolve(model_cfg, env.world_size)
-    tok = resolve_tokenizer(cfg, out, resume, env)
+    tok = tokenizer if tokenizer is not None and not resume else resolve_tokenizer(cfg, out, resume, env)
     cfg = cfg.replace(tokenizer=tok.spec)
     model_cfg = model_cfg.replace(vocab_size=tok.vocab_size)
     if saved is not None:
@@ -111,23 +113,27 @@ def check_resume(saved: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig
         raise DepthlabError(f"cannot resume {str(out)!r}: training settings differ: {detail}")
 
 
-def run_config(run: RunSetup, command: str | None, world_size: int) -> dict[str, Any]:
+def run_config(run: RunSetup, command: str | None, world_size: int,
+               record: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run's config record (config.json, and the copy in every checkpoint). Resuming keeps the
-    saved record, adding this session's command as ``command_resume`` and its versions."""
+    saved record, adding this session's command as ``command_resume`` and its versions. ``record``:
+    extra keys of a fresh run (e.g. ``finetune``)."""
     tok = run.tokenizer
     config = {"model": run.model_cfg.to_dict(), "train": run.cfg.to_dict(),
               "tokenizer": {"spec": tok.spec, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
                             "pad_id": tok.pad_id, "fingerprint": tok.fingerprint()},
-              "versions": versions(), "command": command or command_line(), "world_size": world_size}
+              "versions": versions(), "command": command or command_line(), "world_size": world_size,
+              **(record or {})}
     if run.resume:
         return {**run.saved, "command_resume": config["command"], "versions": config["versions"]}
     return config
 
 
-def write_run_dir(run: RunSetup, command: str | None, env: D.DistEnv) -> dict[str, Any]:
+def write_run_dir(run: RunSetup, command: str | None, env: D.DistEnv,
+                  record: dict[str, Any] | None = None) -> dict[str, Any]:
     """Create a fresh run's directory with config.json and tokenizer/ (rank 0; every rank waits);
     returns :func:`run_config`'s record."""
-    config = run_config(run, command, env.world_size)
+    config = run_config(run, command, env.world_size, record)
     if env.is_main and not run.resume:
         run.out.mkdir(parents=True, exist_ok=True)
         (run.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
