@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from depthlab.compare_downstream import Downstream, downstream_markdown, downstream_table, run_downstream
 from depthlab.compare_table import COLUMNS, markdown_table
 from depthlab.compare_tracking import compare_tracking_markdown
 from depthlab.config import PRESETS
@@ -47,6 +48,7 @@ class CompareConfig:
     seeds: list[int] = field(default_factory=lambda: [0])  # one run per scheme and seed
     train: TrainConfig = field(default_factory=TrainConfig)  # shared training settings (seed set per run)
     diagnose: DiagnoseOptions = field(default_factory=lambda: DiagnoseOptions(tokens=16384, progress=False))
+    downstream: Downstream = field(default_factory=Downstream)  # --finetune / --eval (compare_downstream)
 
     def validate(self) -> None:
         if not self.schemes:
@@ -67,6 +69,7 @@ class CompareConfig:
             raise DepthlabError(f"steps must be a positive integer, got {self.train.steps}")
         for scheme in self.schemes:  # every model config must be valid before anything is trained
             self.train.resolve(self.model_config(scheme))
+        self.downstream.validate()
 
     def model_config(self, scheme: str):
         return from_preset(self.preset, scheme=scheme, **self.model_overrides)
@@ -74,6 +77,8 @@ class CompareConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["diagnose"].pop("progress", None)  # display only
+        if not self.downstream.active:
+            d.pop("downstream")  # settings of compares without it stay as they were (resume)
         return d
 
 
@@ -170,6 +175,8 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
             summary = _train_run(cfg, scheme, seed, run_dir, quiet, command)
             report = _diagnose_run(cfg, run_dir, command)
             row = run_row(scheme, seed, summary, report)
+            if cfg.downstream.active:
+                row["downstream"] = run_downstream(cfg.downstream, run_dir, seed, cfg.train.device, quiet, command)
             rows.append(row)
             runs[run_name(scheme, seed)] = str(run_dir.relative_to(out))
             if on_run is not None:
@@ -178,8 +185,11 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     table = aggregate(rows, cfg.schemes)
     result = {"settings": settings, "command": command, "table": table, "runs": rows, "run_dirs": runs,
               "columns": {k: v[0] for k, v in COLUMNS.items()}}
+    if cfg.downstream.active:
+        result["downstream"] = downstream_table(rows, cfg.schemes)
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "summary.md").write_text(_summary_md(cfg, table, command) + compare_tracking_markdown(result, out, BASELINE_SCHEME))
+    md = _summary_md(cfg, table, command) + compare_tracking_markdown(result, out, BASELINE_SCHEME)
+    (out / "summary.md").write_text(md + downstream_markdown(result))
     from depthlab.compare_report import write_compare_report  # late: matplotlib only when drawing
 
     result["figures"] = write_compare_report(result, out)

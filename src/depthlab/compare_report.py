@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlab import htmlpage as H
+from depthlab.compare_downstream import downstream_html
 from depthlab.compare_table import COLUMNS, format_cell, shown_columns
 from depthlab.compare_tracking import first_seed_runs, run_metrics, tracked_series
 from depthlab.plots import compare as P
@@ -70,6 +71,7 @@ def render(result: dict[str, Any], out: Path, figs: dict[str, str]) -> str:
         f'<p class="muted">Deepest third = blocks {H.esc(deep)}. '
         f"Δ ppl is per seed against <code>{H.esc(BASELINE_SCHEME)}</code>. "
         "Last-block variance is the training probe's at the final step.</p>",
+        *downstream_html(result),
         "<h2>Loss</h2>", H.img(out / figs["loss_curves"], "loss curves"),
         "<h2>Layerwise output variance</h2>", H.img(out / figs["variance_by_depth"], "variance by depth"),
         H.img(out / figs["variance_over_training"], "variance during training") if "variance_over_training" in figs else "",

@@ -5,16 +5,20 @@ from __future__ import annotations
 import argparse
 
 from depthlab.cli._args import schemes_epilog
+from depthlab.cli._downstream import add_downstream_arguments, downstream_from_args
 
 USAGE = """\
 examples:
   depthlab compare --schemes pre,lns --preset tiny --steps 300 --out cmp/tiny
   depthlab compare --schemes pre,lns,mix,post --preset llama-71m --data my.jsonl --steps 5000 --out cmp/71m
   depthlab compare --schemes pre,lns --seeds 0,1,2 --set n_layers=24 --out cmp/deep
+  depthlab compare --schemes pre,lns --preset tiny --steps 300 --finetune builtin-sft --eval builtin-mc --out cmp/sft
 
 Every scheme gets the same seed, data order, token budget and hyper-parameters. Writes summary.json,
 summary.md (the paper's Table 1 shape), figures and report.html in --out; runs/<scheme>-seed<k>/ holds
 each run with its diagnostics. Run the same command again to resume an interrupted compare.
+--finetune DATA --eval TASKS then fine-tunes every run identically and scores it on the tasks
+(summary.md gains the paper's Table 2 shape: accuracy per task, average, Δ vs the baseline).
 """
 
 
@@ -59,6 +63,7 @@ def register(subparsers) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="model_set",
                    help="override a ModelConfig field for every run, e.g. --set n_layers=24")
     add_shared_arguments(p)
+    add_downstream_arguments(p)
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=main)
 
@@ -73,7 +78,7 @@ def build_config(args, schemes: list[str], preset: str, model_set: list[str] | N
                         batch_size=args.batch_size, lr=args.lr, eval_tokens=args.eval_tokens, device=args.device)
     diag = DiagnoseOptions(tokens=args.diag_tokens, jacobian=args.jacobian, progress=False)
     return CompareConfig(schemes=schemes, preset=preset, model_overrides=parse_overrides(model_set), seeds=args.seeds,
-                         train=train, diagnose=diag)
+                         train=train, diagnose=diag, downstream=downstream_from_args(args))
 
 
 def run_and_print(cfg, out: str, command: str) -> int:
