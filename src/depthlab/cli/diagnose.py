@@ -92,7 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--jac-context", type=int, default=32, help="sampled positions lie below this (default 32)")
     g.add_argument("--jac-layers", type=_ints, default=None, help="blocks to differentiate, e.g. 1,8,16 (default all)")
     g.add_argument("--heatmap-layers", type=_ints, default=None, help="blocks drawn as Jacobian heatmaps (default 4 spread out)")
-    g.add_argument("--mc", default=None, help="multiple-choice jsonl (question, choices, answer) for the accuracy drop")
+    g.add_argument("--mc", default=None, help="multiple-choice task for the accuracy drop, as `depthlab evaluate` "
+                   "takes it: a .jsonl (ARC, PIQA, ... or question/choices/answer), builtin-mc, hf:NAME")
     g.add_argument("--mc-limit", type=int, default=None, help="use the first N multiple-choice items")
     s = p.add_argument_group("summary")
     s.add_argument("--loss-budget", type=float, default=0.1, help="nats of loss one may lose by removing blocks (default 0.1)")
@@ -136,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     if args.loss_budget < 0:
         raise DepthlabError("--loss-budget must be >= 0")
     device, dtype = _device_dtype(args)
-    if args.mc is not None and not Path(args.mc).is_file():
+    mc_file = args.mc is not None and args.mc != "builtin-mc" and not args.mc.startswith("hf:")
+    if mc_file and not Path(args.mc).is_file():
         raise DepthlabError(f"multiple-choice file {args.mc!r} does not exist")
     target = load_target(args.target, device=device, dtype=dtype, scheme=args.scheme)
     if not target.causal:

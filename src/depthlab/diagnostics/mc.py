@@ -1,8 +1,13 @@
 """Multiple-choice accuracy, for the full model and with each block removed.
 
-A task from a local jsonl file is scored the lm-evaluation-harness way (context
-"Question: ...\\nAnswer:", continuation " choice", sum of the continuation's token log-likelihoods;
-``acc`` = argmax, ``acc_norm`` = argmax of the sum divided by the choice's length in bytes). Removing
+Tasks are read by :mod:`depthlab.evaluate.tasks`, as ``depthlab evaluate`` reads them: a local
+``.jsonl`` in the native format of ARC, OpenBookQA, PIQA, HellaSwag, BoolQ, WinoGrande, SIQA or
+``{"context", "choices", "answer"}``, ``builtin-mc``, or ``hf:NAME[:CONFIG[:SPLIT]]``; each with
+lm-evaluation-harness's zero-shot prompt. A local file that fits none of these formats is read as
+depthlab's older ``{"question", "choices", "answer"}`` items (context "Question: ...\\nAnswer:",
+continuation " choice"). Scoring is lm-eval's: the sum of the continuation's token log-likelihoods
+(:func:`depthlab.evaluate.scoring.encode_pair` splits the tokens), ``acc`` = argmax, ``acc_norm`` =
+argmax of the sum divided by the choice's length in characters (lm-eval's ``acc_norm``). Removing
 block l replays the cached residual states (:meth:`ResidualCapture.run_skipping`), as the removal
 sweep of :mod:`depthlab.diagnostics.removal` does.
 """
@@ -25,8 +30,15 @@ from depthlab.errors import DepthlabError
 @dataclass
 class MCItem:
     question: str
-    choices: list[str]
+    choices: list[str]  # lm-eval's doc_to_choice strings (their lengths normalise acc_norm)
     answer: int
+    contexts: tuple[str, ...] = ()  # request i = (contexts[i], continuations[i]); default: the Question/Answer prompt
+    continuations: tuple[str, ...] = ()
+
+    def requests(self) -> list[tuple[str, str]]:
+        if self.contexts:
+            return list(zip(self.contexts, self.continuations))
+        return [(f"Question: {self.question}\nAnswer:", " " + c) for c in self.choices]
 
 
 def _answer_index(raw: Any, choices: list[str], labels: list[str] | None) -> int:
@@ -46,7 +58,22 @@ def _answer_index(raw: Any, choices: list[str], labels: list[str] | None) -> int
     raise ValueError(f"cannot read answer {raw!r}")
 
 
-def load_mc(path: str | Path, limit: int | None = None) -> list[MCItem]:
+def load_mc(spec: str | Path, limit: int | None = None) -> list[MCItem]:
+    """Items of a task spec as ``depthlab evaluate`` takes it (a .jsonl of the eight formats,
+    ``builtin-mc``, ``hf:NAME``); a local file in none of those formats is read with
+    :func:`load_legacy_mc`."""
+    from depthlab.evaluate import load_tasks
+
+    try:
+        task = load_tasks([str(spec)], limit)[0]
+    except DepthlabError as err:
+        if not (Path(spec).is_file() and "no known task format" in str(err)):
+            raise
+        return load_legacy_mc(spec, limit)
+    return [MCItem(it.contexts[0], list(it.choices), it.gold, it.contexts, it.continuations) for it in task.items]
+
+
+def load_legacy_mc(path: str | Path, limit: int | None = None) -> list[MCItem]:
     """Items of a jsonl file: ``question`` (or ``query``/``stem``), ``choices`` (a list, or ARC's
     ``{"text": [...], "label": [...]}``), ``answer`` (index, letter, label or choice text; also
     ``answerKey``/``label``/``gold``)."""
@@ -86,22 +113,21 @@ def load_mc(path: str | Path, limit: int | None = None) -> list[MCItem]:
     return items
 
 
-def _encode_pairs(items: Sequence[MCItem], encode: Callable[[str], list[int]], max_len: int | None
-                  ) -> list[tuple[int, int, list[int], int, int]]:
-    """(item, choice, ids, first continuation position, byte length) per choice; lm-eval's split:
-    the continuation's tokens are those of ``encode(context + continuation)`` past ``encode(context)``."""
+def _encode_pairs(items: Sequence[MCItem], encode: Callable[[str], list[int]], max_len: int | None,
+                  prefix_id: int = 0) -> list[tuple[int, int, list[int], int, int]]:
+    """(item, choice, ids, first continuation position, choice length in characters) per choice;
+    lm-eval's split (:func:`~depthlab.evaluate.scoring.encode_pair`)."""
+    from depthlab.evaluate.scoring import encode_pair
+
     out = []
     for i, it in enumerate(items):
-        ctx = f"Question: {it.question}\nAnswer:"
-        ctx_ids = encode(ctx)
-        for j, c in enumerate(it.choices):
-            whole = encode(ctx + " " + c)
-            start = len(ctx_ids) if whole[: len(ctx_ids)] == ctx_ids else len(encode(ctx.rstrip()))
-            start = max(1, min(start, len(whole) - 1))
+        for j, (ctx, cont) in enumerate(it.requests()):
+            ctx_ids, cont_ids = encode_pair(encode, ctx, cont, prefix_id)
+            whole, start = list(ctx_ids) + list(cont_ids), max(1, len(ctx_ids))
             if max_len is not None and len(whole) > max_len:  # keep the continuation, cut the left
                 cut = len(whole) - max_len
                 whole, start = whole[cut:], max(1, start - cut)
-            out.append((i, j, whole, start, len((" " + c).encode("utf-8"))))
+            out.append((i, j, whole, start, max(len(it.choices[j]), 1)))
     return out
 
 
@@ -113,12 +139,13 @@ class MCAccumulator:
         self.n_layers = n_layers
         self.scores = torch.full((n_layers + 1, len(items), max(len(it.choices) for it in items)), -math.inf,
                                  dtype=torch.float64)  # [0] full model, [l] block l removed
-        self.nbytes = torch.ones(len(items), self.scores.shape[-1], dtype=torch.float64)
+        self.nchars = torch.ones(len(items), self.scores.shape[-1], dtype=torch.float64)
 
     @torch.no_grad()
     def run(self, capture: ResidualCapture, encode: Callable[[str], list[int]], batch_size: int, device: torch.device,
-            pad_id: int = 0, max_len: int | None = None, removal: bool = True, progress=None) -> None:
-        pairs = _encode_pairs(self.items, encode, max_len)
+            pad_id: int = 0, max_len: int | None = None, removal: bool = True, progress=None, prefix_id: int = 0
+            ) -> None:
+        pairs = _encode_pairs(self.items, encode, max_len, prefix_id)
         pairs.sort(key=lambda p: len(p[2]))  # similar lengths together: little padding
         for a in range(0, len(pairs), batch_size):
             chunk = pairs[a:a + batch_size]
@@ -137,16 +164,16 @@ class MCAccumulator:
 
     def _score(self, row: int, chunk, ids: torch.Tensor, logits: torch.Tensor) -> None:
         logp = torch.log_softmax(logits.float(), dim=-1)
-        for r, (i, j, whole, start, nbytes) in enumerate(chunk):
+        for r, (i, j, whole, start, nchars) in enumerate(chunk):
             tgt = ids[r, start: len(whole)]
             lp = logp[r, start - 1: len(whole) - 1].gather(-1, tgt[:, None]).sum()
             self.scores[row, i, j] = float(lp)
-            self.nbytes[i, j] = nbytes
+            self.nchars[i, j] = nchars
 
     def result(self) -> dict[str, Any]:
         gold = torch.tensor([it.answer for it in self.items])
         acc = (self.scores.argmax(-1) == gold).double().mean(-1)
-        acc_norm = ((self.scores / self.nbytes).argmax(-1) == gold).double().mean(-1)
+        acc_norm = ((self.scores / self.nchars).argmax(-1) == gold).double().mean(-1)
         return {
             "items": len(self.items),
             "acc": float(acc[0]),

@@ -47,7 +47,7 @@ class DiagnoseOptions:
     jac_layers: list[int] | None = None  # blocks (1-based) to differentiate; None = all
     heatmap_layers: list[int] | None = None  # blocks whose mean Jacobian is drawn; None = 4 spread out
     heatmap_dims: int = 64  # top-left corner of the D x D matrix shown
-    mc: str | None = None  # multiple-choice jsonl (question, choices, answer)
+    mc: str | None = None  # multiple-choice task as `evaluate` takes it (.jsonl, builtin-mc, hf:NAME)
     mc_limit: int | None = None  # first N items only
     loss_budget: float = 0.1  # nats of held-out loss one may lose by removing blocks
     identity_threshold: float = 0.1  # adjacent angular distance below which a block counts as near-identity
@@ -205,7 +205,8 @@ def _mc(cap, target: Target, opts: DiagnoseOptions, L: int) -> dict[str, Any]:
     n = sum(len(it.choices) for it in items)
     with _tqdm(n, "multiple choice", opts.progress, "choice") as bar:
         acc.run(cap, target.tokenizer.encode, opts.batch_size, target.device, pad_id=target.tokenizer.pad_id,
-                max_len=target.max_seq_len, removal=opts.removal, progress=bar.update)
+                max_len=target.max_seq_len, removal=opts.removal, progress=bar.update,
+                prefix_id=target.tokenizer.eos_id)
     out = acc.result()
     out["file"] = str(opts.mc)
     return out
