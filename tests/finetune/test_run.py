@@ -128,3 +128,42 @@ def test_bad_sources_and_data_are_one_line_exit_2_and_write_nothing(lns_run, tmp
         assert not out.exists()
     with pytest.raises(Exception, match="neither"):
         load_source(neither)
+
+
+def test_an_lns_marked_hf_model_is_fine_tuned_as_lns_with_its_own_tokenizer(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import depthlab.train.loop as loop
+    from depthlab.data.tokenizers import _train_bpe
+    from depthlab.hf import apply_layernorm_scaling
+    from depthlab.hf.convert import hf_tokenizer
+
+    texts = [f"word{i} and more words {i * 7}" for i in range(200)]
+    from depthlab.finetune.data import TEMPLATES
+
+    tok = hf_tokenizer(_train_bpe(400, texts + [TEMPLATES["alpaca"].prompt_no_input] * 20, "bpe:400"))
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=2, max_position_embeddings=256)).eval()
+    apply_layernorm_scaling(hf)
+    hf.save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"instruction": f"say {t}", "output": t}) + "\n" for t in texts[:20]))
+    seen = {}
+
+    def first_step(step, forward, model, *args, **kwargs):
+        if step == 1:
+            ids = torch.randint(0, len(tok), (1, 12), generator=torch.Generator().manual_seed(0))
+            with torch.no_grad():
+                seen["diff"] = (model(ids).logits - hf(ids).logits).abs().max().item()
+            seen["scheme"] = model.cfg.scheme
+        return train_step(step, forward, model, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", first_step)
+    finetune(tmp_path / "hf", TrainConfig(data=str(sft), steps=1, seq_len=128, batch_size=2, eval_every=0,
+                                          variance_every=0, ckpt_every=0), tmp_path / "sft", quiet=True)
+    assert seen["scheme"] == "lns" and seen["diff"] < 1e-4
+    config = json.loads((tmp_path / "sft" / "config.json").read_text())
+    assert config["finetune"]["source"]["kind"] == "hf" and config["tokenizer"]["spec"].startswith("hf:")
