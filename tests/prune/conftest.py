@@ -44,3 +44,16 @@ def hf_dir(tmp_path):
 
 
 PRUNE_OPTS = {"data": "builtin", "tokens": 128, "seq_len": 32, "batch_size": 2, "progress": False, "latency_tokens": 2}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging():
+    """``depthlab.cli.main`` configures the root logger on the stderr of the moment (pytest's capture of
+    one test); drop that handler afterwards so the next test's main() binds its own stderr."""
+    import logging
+
+    yield
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if type(handler) is logging.StreamHandler:  # basicConfig's, not pytest's own capture handlers
+            root.removeHandler(handler)

@@ -83,6 +83,21 @@ def _slice_config(config: Any, keep: Sequence[int], n_layers: int) -> None:
     config.num_hidden_layers = len(keep)
 
 
+def _plain_weights(model: nn.Module) -> None:
+    """A GGUF checkpoint is dequantised on load (plain tensors) but keeps transformers' GGUF quantizer,
+    which refuses ``save_pretrained``: drop it, so the pruned copy saves as ordinary safetensors."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return
+    method = str(getattr(quantizer.quantization_config, "quant_method", "")).lower()
+    if "gguf" not in method:
+        raise DepthlabError(f"cannot prune a model quantized with {method!r}: load it in full precision (fp32/bf16)")
+    model.hf_quantizer = None
+    model.quantization_method = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
 @torch.no_grad()
 def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False) -> nn.Module:
     """An HF causal LM without the decoder layers ``removed`` (1-based): layers, ``layer_idx`` and
@@ -95,6 +110,7 @@ def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False)
         inplace = True
     if not inplace:
         model = copy.deepcopy(model)
+    _plain_weights(model)
     owner, attr = _layer_owner(model)
     layers = getattr(owner, attr)
     n = len(layers)
