@@ -27,7 +27,7 @@ def test_llama_130m_parameter_count_by_hand():
     # embeddings + untied head: 2 * 32000 * 768; per block: 4*768^2 (attn) + 3*768*2048 (SwiGLU) + 2*768
     per_block = 4 * 768**2 + 3 * 768 * 2048 + 2 * 768
     expected = 2 * 32000 * 768 + 12 * per_block + 768
-    assert d.from_preset("llama-130m").num_params() == expected
+    assert d.num_params(d.from_preset("llama-130m")) == expected
 
 
 def test_overrides_and_json_file(tmp_path):

@@ -4,16 +4,18 @@
     model = d.build_model(d.from_preset("llama-130m", scheme="lns"))
 """
 
-from depthlab.config import LNS_POSITIONS, PRESETS, ModelConfig, from_preset
+from depthlab.config import PRESETS, ModelConfig
+from depthlab.configure import configure, from_preset, scheme_option
 from depthlab.errors import ConfigError, DepthlabError
-from depthlab.model import DecoderLM, LMOutput, build_model
-from depthlab.schemes import SCHEMES, Scheme, get_scheme, lns_scale
+from depthlab.model import DecoderLM, LMOutput, build_model, num_params
+from depthlab.schemes import LNS_POSITIONS, SCHEMES, Scheme, get_scheme, lns_scale
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ModelConfig", "PRESETS", "LNS_POSITIONS", "from_preset", "build_model", "DecoderLM", "LMOutput",
-    "SCHEMES", "Scheme", "get_scheme", "lns_scale", "DepthlabError", "ConfigError", "__version__",
+    "ModelConfig", "PRESETS", "LNS_POSITIONS", "from_preset", "configure", "scheme_option", "build_model",
+    "num_params", "DecoderLM", "LMOutput", "SCHEMES", "Scheme", "get_scheme", "lns_scale", "DepthlabError",
+    "ConfigError", "__version__",
 ]
 
 _SUBMODULES = ("hf", "data", "train", "diagnostics", "compare", "theory", "plots")

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from depthlab.config import PRESETS, from_preset
+from depthlab.config import PRESETS
+from depthlab.configure import from_preset
 from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target, write_report
 from depthlab.errors import DepthlabError, choices
 from depthlab.schemes import SCHEMES

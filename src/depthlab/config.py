@@ -1,7 +1,9 @@
-"""Model configuration: one typed dataclass, the paper's size presets, and overrides.
+"""Model configuration: one typed dataclass and the paper's size presets (plain data).
 
-    cfg = from_preset("llama-130m", scheme="lns")          # preset + overrides (litgpt style)
-    cfg = ModelConfig.from_json(path)                       # round-trips through JSON
+    cfg = depthlab.from_preset("llama-130m", scheme="lns")   # preset + overrides (litgpt style)
+    cfg = ModelConfig.from_json(path)                         # round-trips through JSON
+
+This module depends on nothing else in depthlab but its errors: the scheme registry builds on it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlab.errors import ConfigError, choices
+
 
 class JsonConfig:
     """Dataclass mixin: dict / JSON round-trip that refuses unknown fields by name."""
@@ -44,14 +47,23 @@ class JsonConfig:
         return cls.from_dict(json.loads(text))
 
 
-LNS_POSITIONS = ("after-norm", "before-norm", "after-branch", "after-residual", "attn-only", "ffn-only")
+#: Scheme options that were flat ModelConfig fields before the registry owned them, with their old
+#: defaults. ``from_dict`` moves a saved non-default value into ``scheme_options`` (the registry knows
+#: these names as option aliases) and drops the defaults, so run directories written earlier still load.
+_FORMER_FIELDS: dict[str, Any] = {"lns_position": "after-norm", "mix_alpha": 0.25, "norm_groups": 4,
+                                  "layerscale_init": None}
 
 
 @dataclass
 class ModelConfig(JsonConfig):
-    """A LLaMA-style decoder and the normalization scheme of its blocks."""
+    """A LLaMA-style decoder: its shape, and the name and options of its normalization scheme.
 
-    name: str = "custom"  # preset name or a label; informational
+    The config validates shapes only; the scheme name and its options are validated by the registry
+    (``depthlab.schemes``) when a config is made with ``from_preset`` / ``configure`` and again when a
+    model is built, so this module needs to know nothing of schemes.
+    """
+
+    name: str = "custom"  # preset name or a label; a preset's name also selects its training defaults
     vocab_size: int = 32000  # tokenizer size (T5: 32000)
     n_layers: int = 12  # number of transformer blocks L
     d_model: int = 768  # hidden size
@@ -63,13 +75,12 @@ class ModelConfig(JsonConfig):
     norm_eps: float = 1e-6  # RMSNorm epsilon
     rope_theta: float = 10000.0  # RoPE base
     qkv_bias: bool = False  # bias on q/k/v projections (the Qwen2 shape)
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys before RoPE (OLMo 2, Qwen3); any scheme
     tie_embeddings: bool = False  # share the input embedding and the LM head
     init_std: float = 0.02  # std of the normal init of every linear / embedding weight
     scheme: str = "pre"  # normalization scheme, a key of depthlab.SCHEMES
-    lns_position: str = "after-norm"  # where LNS multiplies by 1/sqrt(l) (paper T8); LNS schemes only
-    mix_alpha: float = 0.25  # Mix-LN: the first round(mix_alpha * L) blocks are Post-LN
-    norm_groups: int = 4  # Group-LN: channel groups normalised separately
-    layerscale_init: float | None = None  # LayerScale epsilon; None = CaiT rule by depth
+    scheme_options: dict[str, Any] = field(default_factory=dict)  # the scheme's options that differ from defaults
+    block_depths: list[int] | None = None  # original 1-based depth of each block (pruned models); None = 1..L
     extra: dict[str, Any] = field(default_factory=dict)  # free-form provenance (e.g. HF source)
 
     def __post_init__(self) -> None:
@@ -85,25 +96,13 @@ class ModelConfig(JsonConfig):
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
 
     @property
-    def n_post_ln_blocks(self) -> int:
-        """Mix-LN: how many leading blocks are Post-LN, round(alpha * L) (paper: 3 of 12, 6 of 24)."""
-        return int(math.floor(self.mix_alpha * self.n_layers + 0.5))
+    def depths(self) -> list[int]:
+        """The 1-based depth l of each block: 1..L, or the original depths a pruned model kept."""
+        return list(self.block_depths) if self.block_depths is not None else list(range(1, self.n_layers + 1))
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        from depthlab.schemes import SCHEMES  # late import: schemes builds on this module
-
-        if self.scheme not in SCHEMES:
-            raise ConfigError(f"unknown scheme {self.scheme!r}; {choices(SCHEMES)}")
-        if self.lns_position not in LNS_POSITIONS:
-            raise ConfigError(f"unknown lns_position {self.lns_position!r}; {choices(LNS_POSITIONS)}")
-        if self.lns_position != "after-norm" and not SCHEMES[self.scheme].uses_lns:
-            lns = [n for n, s in SCHEMES.items() if s.uses_lns]
-            raise ConfigError(
-                f"lns_position={self.lns_position!r} only applies to an LNS scheme ({', '.join(lns)}), "
-                f"not to scheme {self.scheme!r}"
-            )
-        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len", "norm_groups"):
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -116,30 +115,38 @@ class ModelConfig(JsonConfig):
             raise ConfigError(f"head size {self.dim_head} must be even for RoPE")
         if self.n_heads % self.kv_heads:
             raise ConfigError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.kv_heads}")
-        if self.d_model % self.norm_groups:
-            raise ConfigError(f"d_model={self.d_model} is not divisible by norm_groups={self.norm_groups}")
-        if not 0.0 <= self.mix_alpha <= 1.0:
-            raise ConfigError(f"mix_alpha must lie in [0, 1], got {self.mix_alpha!r}")
-        if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
-            raise ConfigError("norm_eps, init_std and rope_theta must be positive")
+        for name in ("norm_eps", "init_std", "rope_theta"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+        if not isinstance(self.scheme_options, dict):
+            raise ConfigError(f"scheme_options must be a dict, got {self.scheme_options!r}")
+        if self.block_depths is not None:
+            d = self.block_depths
+            if len(d) != self.n_layers or any(not isinstance(x, int) or x < 1 for x in d) or sorted(set(d)) != list(d):
+                raise ConfigError(f"block_depths must be {self.n_layers} increasing positive integers, got {d!r}")
 
-    # ------------------------------------------------------------------ parameter count
-    def num_params(self, include_embeddings: bool = True) -> int:
-        """Parameter count from the config alone (tests check it against the built module)."""
-        from depthlab.schemes import SCHEMES
-
-        d, kv = self.d_model, self.kv_heads * self.dim_head
-        q = self.n_heads * self.dim_head
-        attn = d * q + 2 * d * kv + q * d + (q + 2 * kv if self.qkv_bias else 0)
-        ffn = 3 * d * self.d_ff
-        block = attn + ffn + 2 * d  # two norm weights
-        total = self.n_layers * block + SCHEMES[self.scheme].extra_params(self) + d  # + final norm
-        if include_embeddings:
-            total += self.vocab_size * d * (1 if self.tie_embeddings else 2)
-        return total
+    # ------------------------------------------------------------------ JSON / copies
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        data = dict(data)
+        former = {k: data.pop(k) for k in list(data) if k in _FORMER_FIELDS}
+        moved = {k: v for k, v in former.items() if v != _FORMER_FIELDS[k]}
+        if moved:
+            data["scheme_options"] = {**moved, **data.get("scheme_options", {})}
+        return super().from_dict(data)
 
     def replace(self, **overrides: Any) -> "ModelConfig":
-        return from_dict_with_overrides(self.to_dict(), overrides)
+        """A copy with fields replaced. A new ``scheme`` drops the old scheme's options unless
+        ``scheme_options`` is given too; scheme options by name go through ``depthlab.configure``."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(f"unknown ModelConfig field(s) {unknown}; {choices(sorted(known))} "
+                              "(scheme options: depthlab.configure(cfg, name=value))")
+        if "scheme" in overrides and overrides["scheme"] != self.scheme and "scheme_options" not in overrides:
+            overrides["scheme_options"] = {}
+        return dataclasses.replace(self, **overrides)
 
 
 def _llama(n_layers: int, d_model: int, n_heads: int, d_ff: int) -> dict[str, Any]:
@@ -169,18 +176,3 @@ PRESETS: dict[str, dict[str, Any]] = {
         tie_embeddings=True, rope_theta=1_000_000.0, vocab_size=151936, max_seq_len=2048,
     ),
 }
-
-
-def from_dict_with_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> ModelConfig:
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    for key in overrides:
-        if key not in known:
-            raise ConfigError(f"unknown ModelConfig field {key!r}; {choices(sorted(known))}")
-    return ModelConfig(**{**base, **overrides})
-
-
-def from_preset(name: str, **overrides: Any) -> ModelConfig:
-    """The preset ``name`` with fields replaced by ``overrides`` (e.g. ``n_layers=2``)."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; {choices(PRESETS)}")
-    return from_dict_with_overrides({"name": name, **PRESETS[name]}, overrides)

@@ -16,3 +16,9 @@ class ConfigError(DepthlabError):
 def choices(valid: Iterable[str]) -> str:
     """``"choose one of: a, b, c"`` for error messages."""
     return "choose one of: " + ", ".join(str(v) for v in valid)
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type name when the message is empty)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

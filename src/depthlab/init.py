@@ -1,7 +1,8 @@
-"""Initialisation rules by name. Init-based schemes (Scaled Init, ...) are rules here, not blocks.
+"""Initialisation rules: callables ``rule(model)``, each a scheme's ``init`` in the registry.
 
-Every rule starts from LLaMA's: linear and embedding weights ~ N(0, init_std), biases 0, norm
-weights 1, learnable gains at their scheme's initial value.
+Every rule starts from LLaMA's: linear and embedding weights ~ N(0, init_std), biases 0, and every
+other module with parameters (norm weights, DyT, learnable gains) reset by its own
+``reset_parameters`` to its scheme's initial value. Equations: docs/paper.md §2.
 """
 
 from __future__ import annotations
@@ -12,19 +13,18 @@ from typing import Callable
 import torch
 from torch import nn
 
-from depthlab.errors import ConfigError, choices
-from depthlab.nn.norms import ChannelGain, RMSNorm, ScalarGain
-from depthlab.schemes import deepnorm_beta
+InitRule = Callable[[nn.Module], None]
 
 
+@torch.no_grad()
 def _base(model: nn.Module, std: float) -> None:
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, (RMSNorm, ScalarGain, ChannelGain)):
-            module.reset_parameters()
+        elif module is not model and any(True for _ in module.parameters(recurse=False)):
+            module.reset_parameters()  # RMSNorm, LayerNorm, DyT, gains: their own initial values
 
 
 def _output_projections(block: nn.Module) -> list[nn.Linear]:
@@ -32,9 +32,11 @@ def _output_projections(block: nn.Module) -> list[nn.Linear]:
 
 
 def init_normal(model: nn.Module) -> None:
+    """LLaMA: every weight matrix ~ N(0, init_std)."""
     _base(model, model.cfg.init_std)
 
 
+@torch.no_grad()
 def init_scaled(model: nn.Module) -> None:
     """GPT-2 / Megatron: output projections ~ N(0, std / sqrt(2L))."""
     init_normal(model)
@@ -44,6 +46,7 @@ def init_scaled(model: nn.Module) -> None:
             nn.init.normal_(lin.weight, mean=0.0, std=std)
 
 
+@torch.no_grad()
 def init_depth_scaled(model: nn.Module) -> None:
     """Zhang et al. 2019: output projections of block l ~ N(0, std / sqrt(2l))."""
     init_normal(model)
@@ -53,6 +56,12 @@ def init_depth_scaled(model: nn.Module) -> None:
             nn.init.normal_(lin.weight, mean=0.0, std=std)
 
 
+def deepnorm_beta(n_layers: int) -> float:
+    """DeepNet init gain for v, o and FFN weights of decoder-only models: (8L)^(-1/4)."""
+    return (8.0 * n_layers) ** -0.25
+
+
+@torch.no_grad()
 def init_deepnorm(model: nn.Module) -> None:
     """DeepNet: xavier normal with gain beta=(8L)^-1/4 on v, o and FFN weights; gain 1 on q, k."""
     init_normal(model)
@@ -63,18 +72,3 @@ def init_deepnorm(model: nn.Module) -> None:
             nn.init.xavier_normal_(lin.weight, gain=1.0)
         for lin in (a.v_proj, a.o_proj, f.gate_proj, f.up_proj, f.down_proj):
             nn.init.xavier_normal_(lin.weight, gain=beta)
-
-
-INIT_RULES: dict[str, Callable[[nn.Module], None]] = {
-    "normal": init_normal,
-    "scaled": init_scaled,
-    "depth-scaled": init_depth_scaled,
-    "deepnorm": init_deepnorm,
-}
-
-
-@torch.no_grad()
-def initialize(model: nn.Module, rule: str) -> None:
-    if rule not in INIT_RULES:
-        raise ConfigError(f"unknown init rule {rule!r}; {choices(INIT_RULES)}")
-    INIT_RULES[rule](model)

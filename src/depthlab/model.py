@@ -14,10 +14,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from depthlab.config import ModelConfig
-from depthlab.init import initialize
+from depthlab.errors import DepthlabError
 from depthlab.nn.attention import RotaryEmbedding
-from depthlab.nn.norms import RMSNorm
-from depthlab.schemes import get_scheme
+from depthlab.schemes import decoder_parts, get_scheme
+
+IGNORE_INDEX = -100  # label of a target that counts in no loss (padding, a masked prompt); as in transformers
 
 
 @dataclass
@@ -28,13 +29,17 @@ class LMOutput:
 
 
 class DecoderLM(nn.Module):
+    """embed ─► embed_norm ─► block_1 … block_L (each from the registry, at its depth l) ─► norm ─► head."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         scheme = get_scheme(cfg.scheme)
+        options, parts = scheme.validate(cfg), decoder_parts(cfg)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(scheme.build_block(cfg, layer) for layer in range(1, cfg.n_layers + 1))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)  # final norm: never scaled by LNS
+        self.embed_norm = scheme.embed_norm(parts, options)  # nn.Identity but for Peri-LN
+        self.blocks = nn.ModuleList(scheme.block(parts, options, layer) for layer in cfg.depths)
+        self.norm = scheme.final_norm(parts, options)  # never scaled by LNS
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -44,7 +49,8 @@ class DecoderLM(nn.Module):
     def reset_parameters(self) -> None:
         """(Re-)initialise with the scheme's rule; also materialises a model built on ``meta``."""
         scheme = get_scheme(self.cfg.scheme)
-        initialize(self, scheme.init)
+        with torch.no_grad():
+            scheme.init(self)
         if scheme.post_init is not None:
             scheme.post_init(self)
 
@@ -64,10 +70,10 @@ class DecoderLM(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,  # (B, T) token ids
-        labels: torch.Tensor | None = None,  # (B, T) next-token targets, -100 = ignore
+        labels: torch.Tensor | None = None,  # (B, T) next-token targets, IGNORE_INDEX (-100) = ignore
         output_hidden_states: bool = False,
     ) -> LMOutput:
-        h = self.embed(input_ids)  # (B, T, D)
+        h = self.embed_norm(self.embed(input_ids))  # (B, T, D)
         rope = self.rope(input_ids.shape[1], h.device)
         hidden = [h] if output_hidden_states else None
         for block in self.blocks:
@@ -77,11 +83,22 @@ class DecoderLM(nn.Module):
         logits = self.head(h)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
         return LMOutput(logits, loss, tuple(hidden) if hidden is not None else None)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def num_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
+    """Parameter count of the model ``cfg`` describes, from its modules built on the meta device
+    (no memory, no init); a tied head counts once."""
+    with torch.device("meta"):
+        model = DecoderLM(cfg)
+    total = model.num_params()
+    if not include_embeddings:
+        total -= sum(p.numel() for p in {id(p): p for p in (model.embed.weight, model.lm_head.weight)}.values())
+    return total
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> DecoderLM:

@@ -1,51 +1,160 @@
-"""The scheme registry: the ONE place that maps a scheme name to blocks and an init rule.
+"""The scheme registry: the ONE place where a scheme name means something.
 
-Each entry of ``SCHEMES`` says which block class each layer gets, what fills its slots, which
-init rule (``depthlab.init``) applies, and how many parameters the scheme adds to plain Pre-LN.
-Equations: SPEC.md §2; the paper's Table 1/6/7.
+A ``Scheme`` entry is self-contained: its block factory, its init rule (a callable), its own options
+with their validation, its final norm and its post-init pass (Admin's profiling). Nothing else in
+depthlab dispatches on a scheme name; the CLI help, the export refusal list and the README's scheme
+table are generated from here. Equations and sources: docs/paper.md §1 (LNS), §2 (the paper's schemes), §9 (2025 schemes).
+
+Adding a scheme is one entry below (plus, if it needs one, its own module under ``depthlab.nn``)::
+
+    Scheme("my-ln", "x + f(N(x)) with ...", "Author et al. 2025", _my_block, options=(choice(...),))
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
-from depthlab.config import ModelConfig
 from depthlab.errors import ConfigError, choices
+from depthlab.init import InitRule, deepnorm_beta, init_deepnorm, init_depth_scaled, init_normal, init_scaled
+from depthlab.nn.attention import Attention
 from depthlab.nn.blocks import PostNormBlock, PreNormBlock
+from depthlab.nn.dyt import DyT
+from depthlab.nn.mlp import SwiGLU
 from depthlab.nn.norms import ChannelGain, GroupRMSNorm, RMSNorm, ScalarGain, Scale
 
-BlockFactory = Callable[[ModelConfig, int], nn.Module]
+if TYPE_CHECKING:  # a type only: the config module knows nothing of schemes, and needs not
+    from depthlab.config import ModelConfig
 
-#: LNS insertion positions (paper T8) -> the PreNormBlock slots that carry 1/sqrt(l): a ``*_norm``
-#: slot gets ``RMSNorm(scale=1/sqrt(l))``, any other slot ``Scale(1/sqrt(l))``.
-LNS_SLOTS: dict[str, tuple[str, ...]] = {
-    "after-norm": ("attn_norm", "ffn_norm"),  # the method
-    "before-norm": ("attn_prescale", "ffn_prescale"),
-    "after-branch": ("attn_out", "ffn_out"),
-    "after-residual": ("resid_scale",),  # diverges in the paper
-    "attn-only": ("attn_norm",),
-    "ffn-only": ("ffn_norm",),
-}
+__all__ = [
+    "Scheme", "Option", "SCHEMES", "BASELINE_SCHEME", "get_scheme", "lns_scale", "deepnorm_alpha", "deepnorm_beta",
+    "layerscale_eps", "LNS_SLOTS", "LNS_POSITIONS", "scheme_table", "scheme_names", "Parts", "decoder_parts",
+]
+
+BASELINE_SCHEME = "pre"  # the scheme every comparison is measured against
+
+
+# ============================================================================ options
+@dataclass(frozen=True)
+class Option:
+    """A scheme's own setting: a name, a default, a parser that validates (raises ``ConfigError``).
+
+    ``alias`` is the flat keyword that also reaches it (``lns_position=`` for LNS's ``position``),
+    so ``from_preset(..., scheme="lns", lns_position="after-branch")`` keeps working."""
+
+    name: str
+    default: Any
+    parse: Callable[[str, Any], Any]  # (qualified name, raw value) -> value, or raise ConfigError
+    help: str
+    alias: str | None = None
+    values: tuple[str, ...] = ()  # the choices, for a choice option (docs and help)
+
+    def describe(self) -> str:
+        shown = ", ".join(f"**{v}**" if v == self.default else v for v in self.values) if self.values else \
+            f"default {self.default!r}"
+        return f"`{self.name}`: {self.help} ({shown})"
+
+
+def choice(name: str, values: tuple[str, ...], default: str, help: str, alias: str | None = None) -> Option:
+    def parse(where: str, value: Any) -> str:
+        if value not in values:
+            raise ConfigError(f"unknown {where} {value!r}; {choices(values)}")
+        return value
+
+    return Option(name, default, parse, help, alias, values)
+
+
+def number(name: str, default: float | int | None, help: str, *, lo: float, hi: float = math.inf,
+           integer: bool = False, alias: str | None = None) -> Option:
+    def parse(where: str, value: Any) -> float | int | None:
+        if value is None and default is None:
+            return None
+        try:
+            num = (int if integer else float)(value)
+        except (TypeError, ValueError):
+            num = None
+        if num is None or isinstance(value, bool) or (integer and num != float(value)) or not lo <= num <= hi:
+            kind = "an integer" if integer else "a number"
+            raise ConfigError(f"{where} must be {kind} in [{lo:g}, {hi:g}], got {value!r}")
+        return num
+
+    return Option(name, default, parse, help, alias)
+
+
+# ============================================================================ the scheme
+BlockFactory = Callable[["Parts", dict[str, Any], int], nn.Module]  # (parts, options, l) -> block
 
 
 @dataclass(frozen=True)
 class Scheme:
     name: str
-    summary: str  # one line, with the paper / source it comes from
-    build_block: BlockFactory  # (cfg, l) -> block, l 1-based
-    init: str = "normal"  # key of depthlab.init.INIT_RULES
-    extra_params: Callable[[ModelConfig], int] = lambda cfg: 0  # parameters added to Pre-LN's count
-    uses_lns: bool = False  # honours cfg.lns_position
-    post_init: Callable[[nn.Module], None] | None = None  # e.g. Admin's profiling pass
+    summary: str  # one line: the block's equation in words
+    source: str  # where it comes from (paper, model)
+    build_block: BlockFactory  # (parts, resolved options, l) -> block; l is the 1-based depth
+    init: InitRule = init_normal  # (model) -> None, run under no_grad on a fresh model
+    options: tuple[Option, ...] = ()
+    build_final_norm: Callable[["Parts", dict[str, Any]], nn.Module] | None = None  # None: the family's norm
+    build_embed_norm: Callable[["Parts", dict[str, Any]], nn.Module] | None = None  # None: no norm
+    post_init: Callable[[nn.Module], None] | None = None  # e.g. Admin's profiling pass, after ``init``
+    check: Callable[["ModelConfig", dict[str, Any]], str | None] | None = None  # options vs shapes: error or None
+    extras: dict[str, Any] = field(default_factory=dict)  # free-form facts for docs (e.g. {"lns": True})
+
+    # ------------------------------------------------------------------ options
+    def option(self, name: str) -> Option:
+        for opt in self.options:
+            if name in (opt.name, opt.alias):
+                return opt
+        names = [o.name for o in self.options]
+        raise ConfigError(f"scheme {self.name!r} has no option {name!r}; "
+                          + (choices(names) if names else "it takes no options"))
+
+    def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
+        """Every option of this scheme, validated: ``given`` (by name or alias) over the defaults."""
+        out = {o.name: o.default for o in self.options}
+        for key, value in given.items():
+            opt = self.option(key)
+            out[opt.name] = opt.parse(f"{self.name} option {opt.name!r}" if key == opt.name else key, value)
+        return out
+
+    def canonical(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The options that differ from their defaults, under their own names (what a config stores)."""
+        resolved = self.resolve(given)
+        return {o.name: resolved[o.name] for o in self.options if resolved[o.name] != o.default}
+
+    def validate(self, cfg: "ModelConfig") -> dict[str, Any]:
+        """Check ``cfg``'s options for this scheme (and against its shapes); return them resolved."""
+        opts = self.resolve(cfg.scheme_options)
+        problem = self.check(cfg, opts) if self.check is not None else None
+        if problem:
+            raise ConfigError(problem)
+        return opts
+
+    # ------------------------------------------------------------------ building
+    def block(self, parts: "Parts", options: dict[str, Any], layer: int) -> nn.Module:
+        """Block ``layer`` (1-based depth) made of ``parts``, with resolved ``options``."""
+        return self.build_block(parts, options, layer)
+
+    def final_norm(self, parts: "Parts", options: dict[str, Any]) -> nn.Module:
+        """The norm before the head: the family's norm (never scaled by LNS) unless the scheme says."""
+        return parts.norm() if self.build_final_norm is None else self.build_final_norm(parts, options)
+
+    def embed_norm(self, parts: "Parts", options: dict[str, Any]) -> nn.Module:
+        """What the embedding output passes through before block 1 (``nn.Identity``: nothing)."""
+        return nn.Identity() if self.build_embed_norm is None else self.build_embed_norm(parts, options)
+
+    def describe(self) -> str:
+        """One paragraph for help texts: the summary, the source and the options."""
+        opts = "; ".join(o.describe() for o in self.options)
+        return f"{self.summary} ({self.source})" + (f". Options: {opts}" if opts else "")
 
 
+# ============================================================================ shared pieces
 def lns_scale(layer: int) -> float:
-    """LayerNorm Scaling factor of block ``layer`` (1-based): 1/sqrt(l)."""
+    """LayerNorm Scaling factor of block ``layer`` (1-based): 1/sqrt(l). docs/paper.md §1.2."""
     return 1.0 / math.sqrt(layer)
 
 
@@ -54,69 +163,123 @@ def deepnorm_alpha(n_layers: int) -> float:
     return (2.0 * n_layers) ** 0.25
 
 
-def deepnorm_beta(n_layers: int) -> float:
-    """DeepNet init gain for v, o and FFN weights of decoder-only models: (8L)^(-1/4)."""
-    return (8.0 * n_layers) ** -0.25
-
-
-def layerscale_eps(cfg: ModelConfig) -> float:
+def layerscale_eps(n_layers: int, init: float | None) -> float:
     """CaiT's rule: 0.1 up to 18 layers, 1e-5 up to 24, 1e-6 deeper (unless set explicitly)."""
-    if cfg.layerscale_init is not None:
-        return cfg.layerscale_init
-    return 0.1 if cfg.n_layers <= 18 else 1e-5 if cfg.n_layers <= 24 else 1e-6
+    if init is not None:
+        return init
+    return 0.1 if n_layers <= 18 else 1e-5 if n_layers <= 24 else 1e-6
 
 
-# ---------------------------------------------------------------------- block factories
-def _pre(cfg: ModelConfig, layer: int) -> nn.Module:
-    return PreNormBlock(cfg, layer)
+@dataclass(frozen=True)
+class Parts:
+    """What blocks are made of, per model family: a scheme decides where norms, scales and gains go,
+    the family what a norm, an attention and a feed-forward are. The LLaMA decoder's parts are RMSNorm,
+    causal RoPE attention and SwiGLU (``decoder_parts``); a ViT's are LayerNorm, bidirectional
+    attention and a GELU MLP. So every scheme applies to every family, from one registry."""
+
+    d_model: int
+    n_layers: int
+    attention: Callable[[], nn.Module]  # a fresh attention branch, called as attn(x, rope)
+    ffn: Callable[[], nn.Module]  # a fresh feed-forward branch
+    norm: Callable[..., nn.Module]  # norm(scale=1.0): a fresh norm whose output is multiplied by scale
+    group_norm: Callable[[int], nn.Module]  # group_norm(groups): normalises channel groups separately
 
 
-def _lns(cfg: ModelConfig, layer: int) -> nn.Module:
+def decoder_parts(cfg: "ModelConfig") -> Parts:
+    """The LLaMA decoder's parts: RMSNorm, causal RoPE attention (QK-norm optional), SwiGLU."""
+    def attention() -> Attention:
+        qk = (lambda: RMSNorm(cfg.dim_head, cfg.norm_eps)) if cfg.qk_norm else (lambda: None)
+        return Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.qkv_bias, qk(), qk())
+
+    return Parts(cfg.d_model, cfg.n_layers, attention, lambda: SwiGLU(cfg.d_model, cfg.d_ff),
+                 lambda scale=1.0: RMSNorm(cfg.d_model, cfg.norm_eps, scale=scale),
+                 lambda groups: GroupRMSNorm(cfg.d_model, groups, cfg.norm_eps))
+
+
+def _pre_block(p: Parts, layer: int, norm: Callable[[], nn.Module] | None = None, **slots) -> PreNormBlock:
+    return PreNormBlock(layer, p.attention(), p.ffn(), norm or p.norm, **slots)
+
+
+def _post_block(p: Parts, layer: int, **slots) -> PostNormBlock:
+    return PostNormBlock(layer, p.attention(), p.ffn(), p.norm, **slots)
+
+
+# ============================================================================ the schemes
+def _pre(p, opts, layer):
+    return _pre_block(p, layer)
+
+
+#: LNS insertion positions (paper Table 8, docs/paper.md §1.4) -> the PreNormBlock slots that carry
+#: 1/sqrt(l): a ``*_norm`` slot gets ``RMSNorm(scale=1/sqrt(l))``, any other slot ``Scale(1/sqrt(l))``.
+LNS_SLOTS: dict[str, tuple[str, ...]] = {
+    "after-norm": ("attn_norm", "ffn_norm"),  # the method
+    "before-norm": ("attn_prescale", "ffn_prescale"),
+    "after-branch": ("attn_out", "ffn_out"),
+    "after-residual": ("resid_scale",),  # diverges in the paper
+    "attn-only": ("attn_norm",),
+    "ffn-only": ("ffn_norm",),
+}
+LNS_POSITIONS = tuple(LNS_SLOTS)
+LNS_POSITION = choice("position", tuple(LNS_SLOTS), "after-norm", "where 1/sqrt(l) multiplies (paper Table 8)",
+                      alias="lns_position")
+
+
+def _lns(p, opts, layer):
     s = lns_scale(layer)
-    slots = {slot: RMSNorm(cfg.d_model, cfg.norm_eps, scale=s) if slot.endswith("_norm") else Scale(s)
-             for slot in LNS_SLOTS[cfg.lns_position]}
-    return PreNormBlock(cfg, layer, **slots)
+    slots = {slot: p.norm(scale=s) if slot.endswith("_norm") else Scale(s) for slot in LNS_SLOTS[opts["position"]]}
+    return _pre_block(p, layer, **slots)
 
 
-def _post(cfg: ModelConfig, layer: int) -> nn.Module:
-    return PostNormBlock(cfg, layer)
+def _post(p, opts, layer):
+    return _post_block(p, layer)
 
 
-def _mix(cfg: ModelConfig, layer: int) -> nn.Module:
-    return _post(cfg, layer) if layer <= cfg.n_post_ln_blocks else _pre(cfg, layer)
+def _mix(p, opts, layer):
+    n_post = int(math.floor(opts["alpha"] * p.n_layers + 0.5))  # round(alpha*L): 3 of 12, 6 of 24
+    return _post_block(p, layer) if layer <= n_post else _pre_block(p, layer)
 
 
-def _deepnorm(cfg: ModelConfig, layer: int) -> nn.Module:
-    a = deepnorm_alpha(cfg.n_layers)
-    return PostNormBlock(cfg, layer, attn_resid=Scale(a), ffn_resid=Scale(a))
+def _deepnorm(p, opts, layer):
+    a = deepnorm_alpha(p.n_layers)
+    return _post_block(p, layer, attn_resid=Scale(a), ffn_resid=Scale(a))
 
 
-def _sandwich(cfg: ModelConfig, layer: int) -> nn.Module:
-    return PreNormBlock(cfg, layer, attn_out=RMSNorm(cfg.d_model, cfg.norm_eps), ffn_out=RMSNorm(cfg.d_model, cfg.norm_eps))
+def _sandwich(p, opts, layer):
+    return _pre_block(p, layer, attn_out=p.norm(), ffn_out=p.norm())
 
 
-def _admin(cfg: ModelConfig, layer: int) -> nn.Module:
+def _admin(p, opts, layer):
     # omega starts at 1 and is set by admin_profile() from a forward pass at init.
-    return PostNormBlock(cfg, layer, attn_resid=ChannelGain(cfg.d_model, 1.0), ffn_resid=ChannelGain(cfg.d_model, 1.0))
+    return _post_block(p, layer, attn_resid=ChannelGain(p.d_model, 1.0), ffn_resid=ChannelGain(p.d_model, 1.0))
 
 
-def _group_ln(cfg: ModelConfig, layer: int) -> nn.Module:
-    def norm() -> GroupRMSNorm:
-        return GroupRMSNorm(cfg.d_model, cfg.norm_groups, cfg.norm_eps)
-
-    return PreNormBlock(cfg, layer, attn_norm=norm(), ffn_norm=norm())
+def _group_ln(p, opts, layer):
+    return _pre_block(p, layer, norm=lambda: p.group_norm(opts["groups"]))
 
 
-def _skipinit(cfg: ModelConfig, layer: int) -> nn.Module:
-    g = 1.0 / math.sqrt(cfg.n_layers)
-    return PreNormBlock(cfg, layer, attn_out=ScalarGain(g), ffn_out=ScalarGain(g))
+def _skipinit(p, opts, layer):
+    g = 1.0 / math.sqrt(p.n_layers)
+    return _pre_block(p, layer, attn_out=ScalarGain(g), ffn_out=ScalarGain(g))
 
 
-def _layerscale(cfg: ModelConfig, layer: int) -> nn.Module:
-    eps = layerscale_eps(cfg)
-    return PreNormBlock(cfg, layer, attn_out=ChannelGain(cfg.d_model, eps), ffn_out=ChannelGain(cfg.d_model, eps))
+def _layerscale(p, opts, layer):
+    eps = layerscale_eps(p.n_layers, opts["init"])
+    return _pre_block(p, layer, attn_out=ChannelGain(p.d_model, eps), ffn_out=ChannelGain(p.d_model, eps))
 
 
+def _peri_ln(p, opts, layer):
+    return _pre_block(p, layer, attn_out=p.norm(), ffn_out=p.norm())
+
+
+def _dyt(p, opts, layer):
+    return _pre_block(p, layer, norm=lambda: DyT(p.d_model, opts["alpha_init"]))
+
+
+def _dyt_final(p, opts):
+    return DyT(p.d_model, opts["alpha_init"])
+
+
+@torch.no_grad()
 def admin_profile(model: nn.Module) -> None:
     """Admin (Liu et al. 2020): set omega_i^2 = sum_{j<i} Var f_j from one profiling forward pass.
 
@@ -129,8 +292,7 @@ def admin_profile(model: nn.Module) -> None:
     try:
         gen = torch.Generator().manual_seed(0)
         tokens = torch.randint(model.cfg.vocab_size, (4, min(128, model.cfg.max_seq_len)), generator=gen)
-        with torch.no_grad():
-            model(tokens.to(next(model.parameters()).device))
+        model(tokens.to(next(model.parameters()).device))
     finally:
         for h in hooks:
             h.remove()
@@ -142,34 +304,60 @@ def admin_profile(model: nn.Module) -> None:
         running += var
 
 
-SCHEMES: dict[str, Scheme] = {
-    s.name: s
-    for s in [
-        Scheme("pre", "Pre-LN: x + f(N(x)); every modern LLM", _pre),
-        Scheme("post", "Post-LN: N(x + f(x)); original Transformer", _post),
-        Scheme("lns", "LayerNorm Scaling: x + f(N(x) / sqrt(l)); the paper's method", _lns, uses_lns=True),
-        Scheme("mix", "Mix-LN: first round(alpha*L) blocks Post-LN, the rest Pre-LN (Li et al. 2024)", _mix),
-        Scheme("deepnorm", "DeepNorm: N(alpha*x + f(x)), alpha=(2L)^1/4, init gain (8L)^-1/4 (DeepNet)", _deepnorm,
-               init="deepnorm"),
-        Scheme("sandwich", "Sandwich-LN: x + N_b(f(N_a(x))) (CogView)", _sandwich,
-               extra_params=lambda cfg: 2 * cfg.n_layers * cfg.d_model),
-        Scheme("admin", "Admin: N(omega*x + f(x)), omega profiled at init (Liu et al. 2020)", _admin,
-               extra_params=lambda cfg: 2 * cfg.n_layers * cfg.d_model, post_init=admin_profile),
-        Scheme("group-ln", "Group-LN: Pre-LN whose RMSNorm normalises channel groups separately", _group_ln),
-        Scheme("scaled-init", "Scaled Init: Pre-LN, output projections std/sqrt(2L) (GPT-2)", _pre, init="scaled"),
-        Scheme("depth-scaled-init", "Depth-Scaled Init: Pre-LN, output projections std/sqrt(2l)", _pre,
-               init="depth-scaled"),
-        Scheme("skipinit", "SkipInit: Pre-LN, learnable scalar on each branch, init 1/sqrt(L)", _skipinit,
-               extra_params=lambda cfg: 2 * cfg.n_layers),
-        Scheme("layerscale", "LayerScale: Pre-LN, learnable diag(lambda) on each branch (CaiT)", _layerscale,
-               extra_params=lambda cfg: 2 * cfg.n_layers * cfg.d_model),
-        Scheme("lns-scaled-init", "LNS + Scaled Init (worse than LNS alone in the paper)", _lns, init="scaled",
-               uses_lns=True),
-    ]
-}
+_GROUPS = number("groups", 4, "channel groups normalised separately; must divide d_model", lo=1, integer=True,
+                 alias="norm_groups")
+_LNS = {"lns": True}
+
+SCHEMES: dict[str, Scheme] = {s.name: s for s in [
+    Scheme("pre", "Pre-LN: x + f(N(x)); every modern LLM", "Xiong et al. 2020", _pre),
+    Scheme("post", "Post-LN: N(x + f(x)); the original Transformer", "Vaswani et al. 2017", _post),
+    Scheme("lns", "LayerNorm Scaling: x + f(N(x) / sqrt(l)); the paper's method", "Sun et al. 2025", _lns,
+           options=(LNS_POSITION,), extras=_LNS),
+    Scheme("mix", "Mix-LN: the first round(alpha*L) blocks Post-LN, the rest Pre-LN", "Li et al. 2024", _mix,
+           options=(number("alpha", 0.25, "fraction of leading Post-LN blocks", lo=0, hi=1, alias="mix_alpha"),)),
+    Scheme("deepnorm", "DeepNorm: N(alpha*x + f(x)), alpha=(2L)^1/4, init gain (8L)^-1/4", "Wang et al. 2022 (DeepNet)",
+           _deepnorm, init=init_deepnorm),
+    Scheme("sandwich", "Sandwich-LN: x + N_b(f(N_a(x)))", "Ding et al. 2021 (CogView)", _sandwich),
+    Scheme("admin", "Admin: N(omega*x + f(x)), omega profiled at init", "Liu et al. 2020", _admin,
+           post_init=admin_profile),
+    Scheme("group-ln", "Group-LN: Pre-LN whose RMSNorm normalises channel groups separately", "Wu & He 2018",
+           _group_ln, options=(_GROUPS,),
+           check=lambda cfg, o: f"d_model={cfg.d_model} is not divisible by norm_groups={o['groups']}"
+           if cfg.d_model % o["groups"] else None),
+    Scheme("scaled-init", "Scaled Init: Pre-LN, output projections std/sqrt(2L)", "GPT-2 / Megatron", _pre,
+           init=init_scaled),
+    Scheme("depth-scaled-init", "Depth-Scaled Init: Pre-LN, output projections std/sqrt(2l)", "Zhang et al. 2019",
+           _pre, init=init_depth_scaled),
+    Scheme("skipinit", "SkipInit: Pre-LN, a learnable scalar on each branch, init 1/sqrt(L)", "De & Smith 2020",
+           _skipinit),
+    Scheme("layerscale", "LayerScale: Pre-LN, a learnable diag(lambda) on each branch", "Touvron et al. 2021 (CaiT)",
+           _layerscale, options=(number("init", None, "initial lambda; default by depth (CaiT)", lo=0,
+                                        alias="layerscale_init"),)),
+    Scheme("lns-scaled-init", "LNS + Scaled Init (worse than LNS alone in the paper)", "Sun et al. 2025", _lns,
+           init=init_scaled, options=(LNS_POSITION,), extras=_LNS),
+    Scheme("peri-ln", "Peri-LN: x + N_out(f(N_in(x))) in each branch, and a norm on the embedding output",
+           "Kim et al. 2025; the Gemma 2/3 placement", _peri_ln, build_embed_norm=lambda p, o: p.norm()),
+    Scheme("dyt", "DyT: Pre-LN with every norm replaced by gamma*tanh(alpha*x) + beta", "Zhu et al. 2025", _dyt,
+           options=(number("alpha_init", 0.5, "initial alpha of every DyT", lo=0),),
+           build_final_norm=_dyt_final),
+]}
 
 
 def get_scheme(name: str) -> Scheme:
     if name not in SCHEMES:
         raise ConfigError(f"unknown scheme {name!r}; {choices(SCHEMES)}")
     return SCHEMES[name]
+
+
+def scheme_names(**extras: Any) -> list[str]:
+    """Names of the schemes whose ``extras`` hold the given facts (``scheme_names(lns=True)``)."""
+    return [n for n, s in SCHEMES.items() if all(s.extras.get(k) == v for k, v in extras.items())]
+
+
+def scheme_table() -> str:
+    """The README's scheme table (markdown), generated from the registry."""
+    rows = ["| name | what it is | source | options |", "|---|---|---|---|"]
+    for s in SCHEMES.values():
+        opts = "; ".join(o.describe() for o in s.options)
+        rows.append(f"| `{s.name}` | {s.summary} | {s.source} | {opts} |")
+    return "\n".join(rows)

@@ -59,7 +59,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from depthlab.config import ModelConfig, from_preset
+from depthlab.config import ModelConfig
+from depthlab.configure import from_preset
 from depthlab.errors import DepthlabError
 from depthlab.model import DecoderLM, build_model
 

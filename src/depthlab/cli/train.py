@@ -85,7 +85,8 @@ def register(subparsers) -> None:
 
 def build_configs(args):
     """(ModelConfig, TrainConfig, out_dir, resume) from parsed args (saved config when resuming)."""
-    from depthlab.config import ModelConfig, from_preset
+    from depthlab.config import ModelConfig
+    from depthlab.configure import configure, from_preset
     from depthlab.errors import DepthlabError
     from depthlab.train import TrainConfig
 
@@ -100,23 +101,21 @@ def build_configs(args):
         if getattr(args, flag) is not None:
             given[flag] = getattr(args, flag)
     overrides = parse_overrides(args.model_set)
+    scheme = {"scheme": args.scheme} if args.scheme else {}  # before its options, so --set can name them
     if resume:
         cfg_path = Path(out) / "config.json"
         if not cfg_path.is_file():
             raise DepthlabError(f"cannot resume {out!r}: no config.json there (not a run directory)")
         saved = json.loads(cfg_path.read_text())
-        if args.preset or args.scheme or overrides:
-            base = from_preset(args.preset or saved["model"]["name"], **overrides) if args.preset else ModelConfig.from_dict(saved["model"]).replace(**overrides)
-            model_cfg = base.replace(scheme=args.scheme) if args.scheme else base
-            if args.preset and not args.scheme:
-                model_cfg = model_cfg.replace(scheme=saved["model"]["scheme"])
+        if args.preset:
+            model_cfg = from_preset(args.preset, **{"scheme": saved["model"]["scheme"], **scheme, **overrides})
+        elif args.scheme or overrides:
+            model_cfg = configure(ModelConfig.from_dict(saved["model"]), **{**scheme, **overrides})
         else:
             model_cfg = ModelConfig.from_dict(saved["model"])
         train_cfg = TrainConfig.from_dict({**saved["train"], **given})
     else:
-        model_cfg = from_preset(args.preset or "tiny", **overrides)
-        if args.scheme:
-            model_cfg = model_cfg.replace(scheme=args.scheme)
+        model_cfg = from_preset(args.preset or "tiny", **{**scheme, **overrides})
         train_cfg = TrainConfig(**given)
     return model_cfg, train_cfg, out, resume
 

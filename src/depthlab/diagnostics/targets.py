@@ -218,7 +218,7 @@ def _local(path: Path, name: str, dtype: torch.dtype) -> Target:
         model, tokenizer, config = load_run(path)
         cfg = model.cfg
         info = {"source": f"depthlab run {path}", "architecture": "depthlab.DecoderLM", "scheme": cfg.scheme,
-                "lns_position": cfg.lns_position, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
+                "scheme_options": cfg.scheme_options, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
                 "n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads, "d_ff": cfg.d_ff, "vocab_size": cfg.vocab_size,
                 "n_params": model.num_params(), "config": cfg.to_dict(), "train": config.get("train")}
         return Target(model, name, "depthlab", tokenizer, info, None)

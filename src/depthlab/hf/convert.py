@@ -1,6 +1,6 @@
 """Hugging Face <-> depthlab conversion.
 
-    model = from_hf("path/to/llama")                      # HF Llama / Mistral / Qwen2 (or .gguf)
+    model = from_hf("path/to/llama")                      # HF Llama / Mistral / Qwen2 / Qwen3 (or .gguf)
     to_hf(model, "out/")                                  # vanilla checkpoint, LNS folded in
 
 Only exact conversions: ``from_hf`` gives identical logits; ``to_hf`` refuses schemes that a
@@ -21,21 +21,22 @@ import torch
 from torch import nn
 
 from depthlab.config import ModelConfig
-from depthlab.errors import DepthlabError, choices
+from depthlab.configure import scheme_option
+from depthlab.errors import DepthlabError, choices, first_line
+from depthlab.hf.architectures import SUPPORTED_MODEL_TYPES
 from depthlab.model import DecoderLM, model_with_weights
 from depthlab.nn.blocks import PreNormBlock
 from depthlab.nn.norms import ChannelGain, RMSNorm, ScalarGain, Scale
+from depthlab.schemes import LNS_POSITIONS, SCHEMES, scheme_names
 
 log = logging.getLogger(__name__)
-
-#: HF ``model_type`` values whose decoder is the Llama shape depthlab implements.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 # depthlab key pattern -> HF key pattern (per-layer keys use {i})
 _KEY_MAP: list[tuple[str, str]] = [
     (r"embed\.weight", "model.embed_tokens.weight"),
     (r"blocks\.(\d+)\.attn_norm\.weight", "model.layers.{0}.input_layernorm.weight"),
     (r"blocks\.(\d+)\.attn\.(q|k|v|o)_proj\.(weight|bias)", "model.layers.{0}.self_attn.{1}_proj.{2}"),
+    (r"blocks\.(\d+)\.attn\.(q|k)_norm\.weight", "model.layers.{0}.self_attn.{1}_norm.weight"),  # Qwen3
     (r"blocks\.(\d+)\.ffn_norm\.weight", "model.layers.{0}.post_attention_layernorm.weight"),
     (r"blocks\.(\d+)\.ffn\.(gate|up|down)_proj\.weight", "model.layers.{0}.mlp.{1}_proj.weight"),
     (r"norm\.weight", "model.norm.weight"),
@@ -65,14 +66,15 @@ def _rope_theta(hf_cfg: Any) -> float:
 
 
 def config_from_hf(hf_cfg: Any, scheme: str = "pre", **overrides: Any) -> ModelConfig:
-    """A ModelConfig with the shape of an HF Llama/Mistral/Qwen2 config."""
+    """A ModelConfig with the shape of an HF Llama/Mistral/Qwen2/Qwen3 config."""
     model_type = getattr(hf_cfg, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise DepthlabError(f"unsupported HF model_type {model_type!r}; {choices(SUPPORTED_MODEL_TYPES)}")
     if getattr(hf_cfg, "hidden_act", "silu") != "silu":
         raise DepthlabError(f"unsupported activation {hf_cfg.hidden_act!r}; choose one of: silu")
     if getattr(hf_cfg, "mlp_bias", False) or (model_type != "qwen2" and getattr(hf_cfg, "attention_bias", False)):
-        raise DepthlabError("Llama checkpoints with attention_bias/mlp_bias are not supported")
+        raise DepthlabError(f"{model_type} checkpoints with attention_bias/mlp_bias are not supported "
+                            "(depthlab has biases on q/k/v only, the Qwen2 shape)")
     window = getattr(hf_cfg, "sliding_window", None)
     if window and (model_type != "qwen2" or getattr(hf_cfg, "use_sliding_window", False)):
         log.warning("%s uses sliding-window attention (%d); depthlab attends to the full context, "
@@ -92,6 +94,7 @@ def config_from_hf(hf_cfg: Any, scheme: str = "pre", **overrides: Any) -> ModelC
         norm_eps=float(hf_cfg.rms_norm_eps),
         rope_theta=_rope_theta(hf_cfg),
         qkv_bias=model_type == "qwen2",
+        qk_norm=model_type == "qwen3",
         tie_embeddings=bool(getattr(hf_cfg, "tie_word_embeddings", False)),
         init_std=float(getattr(hf_cfg, "initializer_range", 0.02)),
         scheme=scheme,
@@ -116,8 +119,7 @@ def load_hf_model(path: str | Path, gguf_file: str | None = None, dtype: torch.d
     try:
         return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     except (OSError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DepthlabError(f"cannot load a Hugging Face model from {str(path)!r}: {first}") from err
+        raise DepthlabError(f"cannot load a Hugging Face model from {str(path)!r}: {first_line(err)}") from err
 
 
 def _scheme_for(hf_cfg: Any, scheme: str | None) -> str:
@@ -192,7 +194,18 @@ def _factor(module: nn.Module, where: str) -> float | torch.Tensor:
     return _FACTORS[type(module)](module)
 
 
+def _check_outside_blocks(model: DecoderLM) -> None:
+    if not isinstance(model.embed_norm, nn.Identity):
+        raise _NotFoldable("the embedding output is normalised")
+    if type(model.norm) is not RMSNorm or model.norm.scale != 1.0:
+        raise _NotFoldable(f"the final norm is a {type(model.norm).__name__}")
+    if model.cfg.qk_norm and model.cfg.qkv_bias:
+        raise _NotFoldable("QK-norm with q/k/v biases has no transformers counterpart (Qwen3 biases o_proj too)")
+
+
 def _fold(model: DecoderLM) -> dict[str, torch.Tensor]:
+    """Every scaling folded into neighbouring weights (depthlab keys); ``_NotFoldable`` where Llama cannot."""
+    _check_outside_blocks(model)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for i, block in enumerate(model.blocks):
         where = f"block {i + 1}"
@@ -211,6 +224,10 @@ def _fold(model: DecoderLM) -> dict[str, torch.Tensor]:
             if isinstance(gain, torch.Tensor):
                 gain = gain.reshape(-1, 1)  # (D_out, 1) or (1, 1): row j of W_out times gain[j]
             state[f"blocks.{i}.{out_proj}.weight"] *= gain
+        for qk in ("q_norm", "k_norm"):
+            norm = getattr(block.attn, qk)
+            if not isinstance(norm, nn.Identity) and (type(norm) is not RMSNorm or norm.scale != 1.0):
+                raise _NotFoldable(f"{where} {qk} is a {type(norm).__name__}")
     return state
 
 
@@ -222,8 +239,7 @@ def folded_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
     except _NotFoldable as err:
         raise DepthlabError(
             f"scheme {model.cfg.scheme!r} cannot be written as a vanilla Llama checkpoint ({err}); "
-            f"exportable: {', '.join(exportable_schemes())} (LNS at positions after-norm, after-branch, "
-            f"attn-only, ffn-only)"
+            f"exportable: {', '.join(exportable_schemes())} (LNS at positions {', '.join(exportable_lns_positions())})"
         ) from None
     skip = {"lm_head.weight"} if model.cfg.tie_embeddings else set()
     return {hf_key(k): v for k, v in state.items() if not k.endswith(".gain") and k not in skip}
@@ -244,26 +260,40 @@ def hf_tokenizer(tokenizer: Any) -> Any | None:
     return None
 
 
+def _foldable(scheme: str, **options: Any) -> bool:
+    """Whether a model of ``scheme`` (with ``options``) folds into a vanilla Llama checkpoint: decided
+    by its structure, on a two-block probe built on the meta device."""
+    with torch.device("meta"):
+        probe = DecoderLM(ModelConfig(n_layers=2, d_model=8, n_heads=2, d_ff=8, vocab_size=8, scheme=scheme,
+                                      scheme_options=options))
+    try:
+        _fold(probe)
+        return True
+    except _NotFoldable:
+        return False
+
+
 @functools.cache
 def exportable_schemes() -> tuple[str, ...]:
     """Schemes (at their default options) whose models fold into a vanilla Llama checkpoint."""
-    import depthlab
+    return tuple(name for name in SCHEMES if _foldable(name))
 
-    names = []
-    for name in depthlab.SCHEMES:
-        with torch.device("meta"):
-            probe = DecoderLM(ModelConfig(n_layers=2, d_model=8, n_heads=2, d_ff=8, vocab_size=8, scheme=name))
-        try:
-            _fold(probe)
-            names.append(name)
-        except _NotFoldable:
-            pass
-    return tuple(names)
+
+@functools.cache
+def exportable_lns_positions() -> tuple[str, ...]:
+    """LNS positions whose models fold exactly (a scale before the norm, or on the residual, does not)."""
+    return tuple(p for p in LNS_POSITIONS if _foldable(scheme_names(lns=True)[0], position=p))
+
+
+def refused_schemes() -> tuple[str, ...]:
+    """Schemes ``to_hf`` / ``depthlab export`` refuse (generated from the registry, for docs and help)."""
+    return tuple(name for name in SCHEMES if name not in exportable_schemes())
 
 
 def hf_config_for(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Any:
-    """A transformers LlamaConfig (or Qwen2Config when q/k/v carry biases) for a depthlab shape."""
-    from transformers import LlamaConfig, Qwen2Config
+    """A transformers LlamaConfig for a depthlab shape; Qwen2Config when q/k/v carry biases, Qwen3Config
+    with QK-norm."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=cfg.vocab_size,
@@ -282,6 +312,8 @@ def hf_config_for(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Any:
         hidden_act="silu",
         dtype=dtype,
     )
+    if cfg.qk_norm:
+        return Qwen3Config(**common, attention_bias=False, use_sliding_window=False)
     if cfg.qkv_bias:
         return Qwen2Config(**common, use_sliding_window=False)
     return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
@@ -308,13 +340,14 @@ def to_hf(model: DecoderLM, out_dir: str | Path, *, dtype: torch.dtype = torch.f
     """Write a Hugging Face checkpoint (safetensors + config.json) that plain
     ``AutoModelForCausalLM.from_pretrained(out_dir)`` loads with no custom code, same logits.
     ``tokenizer``: a depthlab tokenizer (or an HF one) to save beside it."""
-    import depthlab
+    import depthlab  # the version only
 
     hf_model = to_hf_model(model, dtype)
     hf_model.config.depthlab = {
         "version": depthlab.__version__,
         "source_scheme": model.cfg.scheme,
-        "lns_position": model.cfg.lns_position if depthlab.SCHEMES[model.cfg.scheme].uses_lns else None,
+        "scheme_options": model.cfg.scheme_options,
+        "lns_position": scheme_option(model.cfg, "position") if model.cfg.scheme in scheme_names(lns=True) else None,
         "folded": True,  # the scalings are in the weights: this is a vanilla model
     }
     out = Path(out_dir)
@@ -333,4 +366,5 @@ def to_hf(model: DecoderLM, out_dir: str | Path, *, dtype: torch.dtype = torch.f
 
 
 __all__ = ["from_hf", "to_hf", "to_hf_model", "config_from_hf", "hf_config_for", "load_hf_model",
-           "folded_state_dict", "exportable_schemes", "hf_key", "hf_tokenizer", "SUPPORTED_MODEL_TYPES"]
+           "folded_state_dict", "exportable_schemes", "exportable_lns_positions", "refused_schemes", "hf_key",
+           "hf_tokenizer", "SUPPORTED_MODEL_TYPES"]

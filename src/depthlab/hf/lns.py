@@ -16,7 +16,7 @@ runs again on recomputation) and ``Trainer`` see an ordinary module. The scale i
 held by the hook object: nothing in the state dict, nothing for meta-device init to wipe.
 
 Qwen3's ``q_norm``/``k_norm`` inside attention and the final ``model.norm`` are not scaled
-(SPEC §1: only the two pre-norms of each block).
+(docs/paper.md §1.2: only the two pre-norms of each block).
 
 The fact is recorded in ``model.config.layernorm_scaling`` (saved in ``config.json``). A *plain*
 ``AutoModelForCausalLM.from_pretrained`` of such a checkpoint ignores that field and builds the
@@ -28,22 +28,18 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from depthlab.errors import DepthlabError
+from depthlab.hf.architectures import SUPPORTED_MODEL_TYPES
+from depthlab.schemes import lns_scale
 
 log = logging.getLogger(__name__)
 
-#: ``config.model_type`` of the supported families. All share the Llama decoder-layer layout
-#: (``base_model.layers[i].{input_layernorm, post_attention_layernorm}``, an RMSNorm computing
-#: ``weight * normalize(x)``, so the scale folds exactly into ``weight``).
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
-
-#: The two pre-norms of each decoder layer that LNS scales (SPEC §1).
+#: The two pre-norms of each decoder layer that LNS scales (docs/paper.md §1.2).
 SCALED_NORMS: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
 
 #: Name of the ``config`` field that records LNS; saved by ``save_pretrained``.
@@ -58,7 +54,7 @@ class LayerNormScalingHook:
 
     def __init__(self, layer: int) -> None:
         self.layer = int(layer)  # 1-based depth index l
-        self.scale = 1.0 / math.sqrt(self.layer)
+        self.scale = lns_scale(self.layer)
 
     def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         return output * self.scale

@@ -1,4 +1,5 @@
-"""Causal self-attention with RoPE (HF Llama's rotate-half convention) and grouped-query heads."""
+"""Self-attention: causal with RoPE (HF Llama's rotate-half convention) and grouped-query heads, or
+bidirectional without RoPE (ViT)."""
 
 from __future__ import annotations
 
@@ -38,19 +39,37 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, qkv_bias: bool) -> None:
+    """Causal multi-head attention; ``q_norm`` / ``k_norm`` are QK-norm slots (``nn.Identity`` = off).
+
+        x ─ q_proj ─ q_norm ─ RoPE ─┐
+        x ─ k_proj ─ k_norm ─ RoPE ─┼─ softmax(q k^T / sqrt(hd)) v ─ o_proj ─►
+        x ─ v_proj ─────────────────┘
+
+    QK-norm as in Qwen3 and Gemma 3 normalises each head's query and key vector (over ``head_dim``)
+    before RoPE, so the two norms hold ``head_dim`` weights each, shared across heads. (OLMo 2
+    normalises the whole projection instead; docs/paper.md §9.3.)
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, qkv_bias: bool,
+                 q_norm: nn.Module | None = None, k_norm: nn.Module | None = None, *, causal: bool = True,
+                 out_bias: bool = False) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.causal = causal  # False: bidirectional (ViT)
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
+        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=out_bias)
+        self.q_norm = q_norm if q_norm is not None else nn.Identity()
+        self.k_norm = k_norm if k_norm is not None else nn.Identity()
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """x: (B, T, D); ``rope`` the (cos, sin) tables, or None for models with learned positions (ViT)."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, hd)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)

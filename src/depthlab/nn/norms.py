@@ -33,6 +33,45 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}" + (f", scale={self.scale:.6g}" if self.scale != 1.0 else "")
 
 
+class LayerNorm(nn.Module):
+    """LayerNorm (mean and variance over the last dim, affine weight and bias), with the same constant
+    output ``scale`` as RMSNorm: LNS multiplies the whole output, ``(γ ⊙ x̂ + β) · s``, folded into γ and β."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, scale: float = 1.0) -> None:
+        super().__init__()
+        self.eps = eps
+        self.scale = float(scale)
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = (self.weight, self.bias) if self.scale == 1.0 else (self.weight * self.scale, self.bias * self.scale)
+        return F.layer_norm(x.float(), (x.shape[-1],), w.float(), b.float(), self.eps).to(x.dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+        nn.init.zeros_(self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}" + (f", scale={self.scale:.6g}" if self.scale != 1.0 else "")
+
+
+class GroupLayerNorm(LayerNorm):
+    """Group-LN with LayerNorm statistics: ``groups`` contiguous channel groups normalised separately."""
+
+    def __init__(self, dim: int, groups: int, eps: float = 1e-6) -> None:
+        super().__init__(dim, eps)
+        self.groups = groups
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = x.float().unflatten(-1, (self.groups, -1))  # (..., G, D/G)
+        y = F.layer_norm(g, (g.shape[-1],), eps=self.eps).flatten(-2)
+        return ((self.weight * self.scale) * y + self.bias * self.scale).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, groups={self.groups}"
+
+
 class GroupRMSNorm(RMSNorm):
     """Group-LN: RMS-normalise ``groups`` contiguous channel groups separately (Wu & He 2018)."""
 

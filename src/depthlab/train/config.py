@@ -157,7 +157,9 @@ class TrainConfig(JsonConfig):
 
 def _by_size(model_cfg: ModelConfig) -> dict[str, Any]:
     """Defaults for a custom shape, by parameter count (SPEC §4: 5e-4 from 350M up)."""
-    n = model_cfg.num_params(include_embeddings=False)
+    from depthlab.model import num_params  # the count of the built modules
+
+    n = num_params(model_cfg, include_embeddings=False)
     if n < 5_000_000:
         return PRESET_DEFAULTS["tiny"]
     return dict(lr=5e-4 if n > 300_000_000 else 1e-3, steps=20_000, warmup=0.1)

@@ -1,0 +1,75 @@
+"""Configs that the registry has checked: a preset plus overrides, or a config plus overrides.
+
+    cfg = from_preset("llama-130m", scheme="lns", lns_position="after-branch")
+    cfg = configure(cfg, n_layers=24, position="before-norm")
+
+An override is either a ``ModelConfig`` field or an option of the (new) scheme, by its name or its
+alias. This is the layer above both ``depthlab.config`` (shapes) and ``depthlab.schemes`` (what a
+scheme name means), so neither of those imports the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from depthlab.config import PRESETS, ModelConfig
+from depthlab.errors import ConfigError, choices
+from depthlab.schemes import SCHEMES, get_scheme
+
+__all__ = ["from_preset", "configure", "checked", "scheme_option"]
+
+
+def checked(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with its scheme and options validated by the registry and stored canonically."""
+    scheme = get_scheme(cfg.scheme)
+    canonical = scheme.canonical(cfg.scheme_options)
+    cfg = cfg if canonical == cfg.scheme_options else dataclasses.replace(cfg, scheme_options=canonical)
+    scheme.validate(cfg)
+    return cfg
+
+
+def configure(base: ModelConfig, **overrides: Any) -> ModelConfig:
+    """``base`` with fields and scheme options replaced, checked."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    field_overrides = {k: v for k, v in overrides.items() if k in fields}
+    option_overrides = {k: v for k, v in overrides.items() if k not in fields}
+    cfg = base.replace(**field_overrides)
+    scheme = get_scheme(cfg.scheme)
+    own = {k: v for k, v in option_overrides.items() if any(k in (o.name, o.alias) for o in scheme.options)}
+    for key, value in option_overrides.items():
+        if key not in own and not _is_foreign_default(key, value):
+            takers = [n for n, s in SCHEMES.items() if any(key in (o.name, o.alias) for o in s.options)]
+            where = f"an option of schemes {', '.join(takers)}" if takers else "an option of any scheme"
+            raise ConfigError(f"unknown setting {key!r} (= {value!r}) for scheme {cfg.scheme!r}: not a ModelConfig "
+                              f"field ({', '.join(sorted(fields))}), and {where}")
+    options = {**cfg.scheme_options, **own}
+    return checked(dataclasses.replace(cfg, scheme_options=scheme.canonical(options)))
+
+
+def _is_foreign_default(key: str, value: Any) -> bool:
+    """Another scheme's option set to its default: a no-op for this scheme, accepted (``lns_position=
+    "after-norm"`` on ``pre``), so one set of settings can serve every scheme of a comparison."""
+    for other in SCHEMES.values():
+        for opt in other.options:
+            if key in (opt.name, opt.alias):
+                try:
+                    return opt.parse(key, value) == opt.default
+                except ConfigError:
+                    return False
+    return False
+
+
+def from_preset(name: str, **overrides: Any) -> ModelConfig:
+    """The preset ``name`` with fields or scheme options replaced by ``overrides`` (e.g. ``n_layers=2``)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; {choices(PRESETS)}")
+    scheme = overrides.get("scheme", ModelConfig.scheme)
+    get_scheme(scheme)  # an unknown scheme is named before any option of it
+    return configure(ModelConfig(name=name, **PRESETS[name]), **overrides)
+
+
+def scheme_option(cfg: ModelConfig, name: str) -> Any:
+    """The value of option ``name`` of ``cfg``'s scheme (its default when not set)."""
+    scheme = get_scheme(cfg.scheme)
+    return scheme.resolve(cfg.scheme_options)[scheme.option(name).name]

@@ -1,0 +1,133 @@
+"""The contract every registered scheme keeps, run over the registry itself (no hand-kept name list):
+it builds, trains, counts its parameters from its modules, round-trips its state dict, builds on the
+meta device, and either exports to a vanilla HF checkpoint with the same logits or is refused in one
+clear line."""
+
+import math
+
+import pytest
+import torch
+
+import depthlab as d
+from depthlab.errors import ConfigError, DepthlabError
+from depthlab.hf import exportable_schemes, to_hf_model
+
+SCHEMES = sorted(d.SCHEMES)
+
+
+def small(scheme, **kw):
+    return d.from_preset("llama-9m", scheme=scheme, **{"n_layers": 4, "d_model": 32, "n_heads": 2, "d_ff": 48,
+                                                         "vocab_size": 61, **kw})
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_forward_backward_finite_and_every_parameter_gets_a_gradient(scheme):
+    model = d.build_model(small(scheme))
+    ids = torch.randint(0, 61, (2, 9))
+    out = model(ids, labels=ids.roll(-1, 1))
+    assert out.logits.shape == (2, 9, 61) and torch.isfinite(out.loss)
+    out.loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_parameter_count_is_the_meta_build_and_at_least_pre_ln(scheme):
+    cfg = small(scheme)
+    V, D, F, L = cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.n_layers
+    assert d.num_params(cfg) == d.build_model(cfg).num_params()
+    assert d.num_params(cfg) >= 2 * V * D + L * (4 * D * D + 3 * D * F)  # every scheme has Llama's matmuls
+    assert d.num_params(cfg, include_embeddings=False) == d.num_params(cfg) - 2 * V * D
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_state_dict_round_trip_gives_the_same_logits(scheme):
+    cfg = small(scheme)
+    a, b = d.build_model(cfg).eval(), d.build_model(cfg).eval()
+    with torch.no_grad():  # b starts elsewhere (random gains too), then takes a's state
+        for p in b.parameters():
+            p.uniform_(-1, 1)
+    b.load_state_dict(a.state_dict())
+    ids = torch.randint(0, 61, (1, 7))
+    torch.testing.assert_close(b(ids).logits, a(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_meta_build_materialises_into_the_same_structure(scheme):
+    cfg = small(scheme)
+    meta = d.build_model(cfg, device="meta")
+    assert all(p.is_meta for p in meta.parameters())
+    meta.to_empty(device="cpu")
+    meta.reset_parameters()
+    ref = d.build_model(cfg)
+    def structure(model):  # module types and constant scales (LNS 1/sqrt(l), DeepNorm alpha), by name
+        return [(n, type(m).__name__, getattr(m, "scale", None)) for n, m in model.named_modules()]
+
+    assert structure(meta) == structure(ref)
+    assert all(torch.isfinite(p).all() for p in meta.parameters())
+    assert {k: v.shape for k, v in meta.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_exports_with_the_same_logits_or_is_refused_in_one_line(scheme):
+    model = d.build_model(small(scheme)).eval()
+    ids = torch.randint(0, 61, (1, 7))
+    if scheme in exportable_schemes():
+        hf = to_hf_model(model)
+        with torch.no_grad():
+            torch.testing.assert_close(hf(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+    else:
+        with pytest.raises(DepthlabError) as err:
+            to_hf_model(model)
+        msg = str(err.value)
+        assert "\n" not in msg and repr(scheme) in msg and "exportable: pre" in msg
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_options_have_valid_defaults_and_bad_values_are_named(scheme):
+    s = d.get_scheme(scheme)
+    assert s.summary and s.source
+    assert s.resolve({}) == {o.name: o.default for o in s.options}
+    for opt in s.options:
+        with pytest.raises(ConfigError) as err:
+            d.from_preset("tiny", scheme=scheme, **{opt.name: "no-such-value"})
+        assert "'no-such-value'" in str(err.value)
+    with pytest.raises(ConfigError, match="'bogus_option'"):
+        d.from_preset("tiny", scheme=scheme, bogus_option=1)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_qk_norm_works_with_every_scheme(scheme):
+    cfg = small(scheme, qk_norm=True)
+    model = d.build_model(cfg)
+    assert d.num_params(cfg) == d.num_params(small(scheme)) + cfg.n_layers * 2 * cfg.dim_head
+    out = model(torch.randint(0, 61, (1, 5)), labels=torch.randint(0, 61, (1, 5)))
+    assert torch.isfinite(out.loss)
+
+
+def test_block_depths_keep_the_original_lns_scales():
+    cfg = small("lns", n_layers=3, block_depths=[1, 3, 4])
+    model = d.build_model(cfg)
+    assert [b.attn_norm.scale for b in model.blocks] == pytest.approx([1, 1 / math.sqrt(3), 0.5])
+    with pytest.raises(ConfigError, match="block_depths"):
+        small("lns", n_layers=3, block_depths=[1, 1, 2])
+
+
+def test_saved_configs_from_before_the_registry_still_load():
+    old = {**d.ModelConfig().to_dict(), "scheme": "lns", "lns_position": "after-branch", "mix_alpha": 0.25,
+           "norm_groups": 4, "layerscale_init": None}
+    for key in ("scheme_options", "qk_norm", "block_depths"):
+        old.pop(key)
+    cfg = d.ModelConfig.from_dict(old)
+    assert cfg.scheme_options == {"lns_position": "after-branch"}
+    assert d.scheme_option(cfg, "position") == "after-branch"
+    assert isinstance(d.build_model(small("lns", lns_position="after-branch")).blocks[1].attn_out, torch.nn.Module)
+
+
+def test_readme_scheme_table_is_generated_from_the_registry():
+    from pathlib import Path
+
+    from depthlab.schemes import scheme_table
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert scheme_table() in readme, "README's scheme table is stale: paste depthlab.schemes.scheme_table()"
