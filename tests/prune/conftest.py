@@ -22,7 +22,8 @@ def tiny_hf(kind: str = "llama", n_layers: int = 6, tie: bool = False, seed: int
 
     torch.manual_seed(seed)
     common = {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": n_layers,
-                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "tie_word_embeddings": tie}
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+              "tie_word_embeddings": tie}
     model = (LlamaForCausalLM(LlamaConfig(**common)) if kind == "llama"
              else Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False)))
     with torch.no_grad():

@@ -87,6 +87,7 @@ def test_lns_depthlab_model_keeps_each_blocks_original_scale(tmp_path):
     model = _lns_model()
     removed = [2, 3]
     pruned = prune_model(model, removed)
+    assert pruned.cfg.block_depths == [1, 4, 5, 6] and prune_model(pruned, [2]).cfg.block_depths == [1, 5, 6]
     write_hf(hf_model_of(pruned), tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     kept = [1, 4, 5, 6]

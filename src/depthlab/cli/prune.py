@@ -38,7 +38,8 @@ def register(subparsers) -> None:
     from depthlab.prune.select import METHODS
 
     p = subparsers.add_parser("prune", help="remove blocks (chosen by a diagnosis), heal, export a smaller HF model",
-                              description=__doc__ + "\n\n" + USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__ + "\n\n" + USAGE,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="TARGET", help="run dir / checkpoint, HF dir, .gguf, hub id, smollm2")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
     how = p.add_mutually_exclusive_group(required=True)
@@ -46,7 +47,8 @@ def register(subparsers) -> None:
     how.add_argument("--budget", type=float, metavar="NATS", help="remove the most blocks within NATS of extra loss")
     how.add_argument("--blocks", type=_ints, metavar="LIST", help="remove exactly these blocks, e.g. 21,22,23")
     p.add_argument("--method", choices=METHODS, default="removal", help="how to choose blocks (default removal)")
-    p.add_argument("--data", default="builtin", help="text: val split to choose/evaluate, train split to heal (default builtin)")
+    p.add_argument("--data", default="builtin",
+                   help="text: its val split chooses and evaluates, its train split heals (default builtin)")
     p.add_argument("--tokens", type=int, default=2048, help="held-out tokens (default 2048)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")

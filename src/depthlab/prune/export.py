@@ -65,7 +65,7 @@ def check_prunable(model: nn.Module) -> None:
 def _layer_owner(model: nn.Module) -> tuple[nn.Module, str]:
     """The module holding the layer ``ModuleList`` and its attribute name."""
     layers = find_layers(model)
-    for name, module in model.named_modules():
+    for module in model.modules():
         for attr, child in module.named_children():
             if child is layers:
                 return module, attr
@@ -190,23 +190,35 @@ def lm_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids, use_cache=False).logits
 
 
+def _timed_generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> float:
+    kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False, "use_cache": True,
+          "pad_token_id": 0}
+    if prompt.device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    model.generate(prompt, **kw)
+    if prompt.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 @torch.no_grad()
-def generation_latency(model: nn.Module, prompt: torch.Tensor, new_tokens: int = 16, repeats: int = 3) -> dict[str, Any]:
-    """Greedy ``generate`` of ``new_tokens`` (KV cache) after ``prompt`` (1, T): median seconds of ``repeats``."""
-    kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False, "use_cache": True, "pad_token_id": 0}
-    model.generate(prompt, max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm-up
-    times = []
+def generation_latency(models: dict[str, nn.Module], prompt: torch.Tensor, new_tokens: int = 16,
+                       repeats: int = 5) -> dict[str, dict[str, Any]]:
+    """Greedy ``generate`` of ``new_tokens`` (KV cache) after ``prompt`` (1, T) by each model: median
+    seconds of ``repeats`` rounds, the models interleaved within a round (fair under a drifting load)."""
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for model in models.values():
+        _timed_generate(model, prompt, 2)  # warm-up
     for _ in range(repeats):
-        if prompt.device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        model.generate(prompt, **kw)
-        if prompt.device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    sec = sorted(times)[len(times) // 2]
-    return {"seconds": sec, "tokens_per_s": new_tokens / sec, "new_tokens": new_tokens,
-            "prompt_tokens": int(prompt.shape[1]), "repeats": repeats, "device": str(prompt.device)}
+        for name, model in models.items():
+            times[name].append(_timed_generate(model, prompt, new_tokens))
+    out = {}
+    for name, ts in times.items():
+        sec = sorted(ts)[len(ts) // 2]
+        out[name] = {"seconds": sec, "tokens_per_s": new_tokens / sec, "new_tokens": new_tokens,
+                     "prompt_tokens": int(prompt.shape[1]), "repeats": repeats, "device": str(prompt.device)}
+    return out
 
 
 def cost(model: nn.Module, seq_len: int) -> dict[str, int]:

@@ -104,17 +104,14 @@ def choose(target: Target, opts: PruneOptions, batches) -> tuple[Survey, Selecti
 
 
 def prune_model(model: nn.Module, removed: list[int]) -> nn.Module:
-    """The pruned working model: a depthlab model stays one (each kept block keeps its original depth,
-    when ``ModelConfig`` has ``block_depths``); an HF model loses its layers (see :func:`drop_layers`)."""
+    """The pruned working model: a depthlab model stays one (each kept block keeps its original depth in
+    ``ModelConfig.block_depths``); an HF model loses its layers (see :func:`drop_layers`)."""
     from depthlab.model import DecoderLM
 
     if isinstance(model, DecoderLM):
-        from depthlab.prune.run import drop_blocks, supports_block_depths
+        from depthlab.prune.run import drop_blocks
 
-        if supports_block_depths():
-            return drop_blocks(model, removed)
-        log.info("this depthlab has no ModelConfig.block_depths: pruning the exported HF model instead")
-        return drop_layers(hf_model_of(model), removed, inplace=True)
+        return drop_blocks(model, removed)
     return drop_layers(model, removed)
 
 
@@ -178,6 +175,7 @@ def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: s
         "method": sel.method, "removed_blocks": sel.removed,
         "numbering": "1-based block numbers of the model given to prune (block l reads x^l; 1 = first block)",
         "kept_blocks": [l for l in range(1, L + 1) if l not in sel.removed],
+        "removed_depths": _original_depths(target.model, sel.removed),
         "n_layers": {"original": L, "pruned": L - len(sel.removed)},
         "selection": {"remove": opts.remove, "budget": opts.budget, "blocks": opts.blocks,
                       "joint_loss": sel.loss, **sel.details},
@@ -202,11 +200,16 @@ def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: s
     return report
 
 
+def _original_depths(model: nn.Module, removed: list[int]) -> list[int] | None:
+    """For a depthlab model pruned before: the original depths of the removed blocks (else None)."""
+    depths = getattr(getattr(model, "cfg", None), "block_depths", None)
+    return [depths[l - 1] for l in removed] if depths else None
+
+
 def _latency(original: nn.Module, pruned: nn.Module, ids: torch.Tensor, new_tokens: int) -> dict[str, Any]:
     prompt = ids[:1, : min(16, ids.shape[1])].to(next(pruned.parameters()).device)
-    before = generation_latency(original, prompt, new_tokens)
-    after = generation_latency(pruned, prompt, new_tokens)
-    return {"original": before, "pruned": after, "speedup": before["seconds"] / after["seconds"]}
+    lat = generation_latency({"original": original, "pruned": pruned}, prompt, new_tokens)
+    return {**lat, "speedup": lat["original"]["seconds"] / lat["pruned"]["seconds"]}
 
 
 def _maybe_run_dir(target: Target, final: nn.Module, out: Path, report: dict[str, Any]) -> str | None:

@@ -29,13 +29,15 @@ def _jsonable(report: dict[str, Any]) -> dict[str, Any]:
 
 def summary_sentence(r: dict[str, Any]) -> str:
     loss, n = r["loss"], r["n_layers"]
-    healed = f", {loss['healed']:.4f} after {r['heal']['steps']} healing steps" if loss.get("healed") is not None else ""
+    healed = ""
+    if loss.get("healed") is not None:
+        healed = f", {loss['healed']:.4f} after {r['heal']['steps']} healing steps"
     c0, c1 = r["cost"]["original"], r["cost"]["pruned"]
     return (f"Removed blocks {ranges(r['removed_blocks'])} ({r['method']}; {n['original']} -> {n['pruned']} blocks): "
             f"held-out loss {loss['original']:.4f} -> {loss['pruned']:.4f}{healed}; parameters -"
             f"{100 * (1 - c1['params'] / c0['params']):.1f}%, FLOPs/token -"
             f"{100 * (1 - c1['flops_per_token'] / c0['flops_per_token']):.1f}%; "
-            f"generation {r['latency']['speedup']:.2f}x as fast; export max |Δlogit| "
+            f"generation latency x{1 / r['latency']['speedup']:.2f}; export max |Δlogit| "
             f"{r['export']['max_abs_logit_diff']:.2e}.")
 
 

@@ -13,24 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from depthlab.config import ModelConfig
-from depthlab.errors import DepthlabError
-
-
-def supports_block_depths() -> bool:
-    """True when this depthlab's ``ModelConfig`` has the ``block_depths`` field."""
-    return "block_depths" in {f.name for f in dataclasses.fields(ModelConfig)}
-
 
 def drop_blocks(model, removed: list[int]):
     """A new ``DecoderLM`` without blocks ``removed`` (1-based); kept blocks keep their original depth."""
     from depthlab.model import model_with_weights
 
-    if not supports_block_depths():
-        raise DepthlabError("this depthlab's ModelConfig has no block_depths field; cannot build a pruned depthlab model")
     cfg = model.cfg
     n = cfg.n_layers
-    depths = list(getattr(cfg, "block_depths", None) or range(1, n + 1))
+    depths = cfg.depths  # original depths (composed when the model was pruned before)
     keep = [i for i in range(n) if i + 1 not in set(removed)]
     new_cfg = dataclasses.replace(cfg, n_layers=len(keep), block_depths=[depths[i] for i in keep])
     renumber = {f"blocks.{old}.": f"blocks.{new}." for new, old in enumerate(keep)}
@@ -51,8 +41,7 @@ def write_run(model, target, run_dir: Path, report: dict[str, Any]) -> Path:
     a fresh optimizer), its tokenizer, and a config recording where it was pruned from."""
     from depthlab.train.checkpoint import save_checkpoint
 
-    source = (target.info.get("train") and target.info) or {}
-    config = {"model": model.cfg.to_dict(), "train": source.get("train"),
+    config = {"model": model.cfg.to_dict(), "train": target.info.get("train"),
               "tokenizer": {"spec": getattr(target.tokenizer, "spec", None)},
               "pruned": {"from": str(target.name), "removed_blocks": report["removed_blocks"],
                          "method": report["method"], "healed_steps": (report.get("heal") or {}).get("steps", 0)},
@@ -66,4 +55,4 @@ def write_run(model, target, run_dir: Path, report: dict[str, Any]) -> Path:
     return run_dir
 
 
-__all__ = ["drop_blocks", "supports_block_depths", "write_run"]
+__all__ = ["drop_blocks", "write_run"]
