@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import tiny_hf
+from prune_models import tiny_hf
 
 from depthlab.diagnostics import ResidualCapture, find_layers
 from depthlab.diagnostics.removal import joint_removal_loss

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from depthlab.errors import DepthlabError, choices
+from depthlab.model import IGNORE_INDEX
 from depthlab.prune.export import lm_logits
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def heal(model: nn.Module, tokenizer: Any, opts: HealOptions) -> tuple[nn.Module
     for step in bar:
         x, y = seqs.rank_batch(step, opts.batch_size)
         logits = lm_logits(net, x.to(device))
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), ignore_index=-100)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), ignore_index=IGNORE_INDEX)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

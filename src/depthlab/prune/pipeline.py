@@ -22,6 +22,7 @@ from depthlab.diagnostics.capture import ResidualCapture, find_layers
 from depthlab.diagnostics.removal import joint_removal_loss
 from depthlab.diagnostics.targets import Target
 from depthlab.errors import DepthlabError
+from depthlab.metrics import perplexity
 from depthlab.prune.export import (
     check_prunable,
     cost,
@@ -126,13 +127,7 @@ def _probe_ids(batches) -> torch.Tensor:
 
 def _survey(model: nn.Module, batches) -> dict[str, Any]:
     s = survey_model(_capture(model), batches)
-    return {"loss": s.loss, "ppl": _ppl(s.loss), "tokens": s.tokens, "angular": s.angular, "influence": s.influence}
-
-
-def _ppl(loss: float) -> float:
-    import math
-
-    return math.exp(min(loss, 700.0))
+    return {"loss": s.loss, "ppl": perplexity(s.loss), "tokens": s.tokens, "angular": s.angular, "influence": s.influence}
 
 
 def _check_out(out: Path) -> None:
@@ -181,7 +176,7 @@ def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: s
                       "joint_loss": sel.loss, **sel.details},
         "data": {"spec": opts.data, "split": "val", "tokens": before.tokens, "seq_len": batches.seq_len},
         "loss": {"original": before.loss, "pruned": after["loss"], "healed": None},
-        "ppl": {"original": _ppl(before.loss), "pruned": after["ppl"], "healed": None},
+        "ppl": {"original": perplexity(before.loss), "pruned": after["ppl"], "healed": None},
         "angular": {"original": before.angular, "pruned": after["angular"]},
         "export": {**check, "dir": str(out), "max_abs_logit_diff_vs_skipping_in_original": skip_diff},
         "cost": {"original": cost(original_hf, batches.seq_len), "pruned": cost(final_hf, batches.seq_len)},

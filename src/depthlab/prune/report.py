@@ -10,9 +10,10 @@ from typing import Any
 import torch
 
 from depthlab.diagnostics.angular import pair_matrix_to_layout
-from depthlab.diagnostics.report import _clean, _versions
+from depthlab.diagnostics.report import _clean
 from depthlab.diagnostics.summary import ranges
 from depthlab.htmlpage import esc, img, kv_table, page, table
+from depthlab.provenance import versions
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ def _jsonable(report: dict[str, Any]) -> dict[str, Any]:
     out["angular"] = {k: pair_matrix_to_layout(v) if isinstance(v, torch.Tensor) else v
                       for k, v in report["angular"].items()}
     out["angular"]["layout"] = "matrix[n-1][l-1] = d(x^l, x^{l+n}), mean arccos(cos)/pi over held-out tokens"
-    out["versions"] = _versions()
+    out["versions"] = versions()
     return _clean(out)
 
 

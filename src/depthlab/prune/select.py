@@ -43,6 +43,7 @@ from depthlab.diagnostics.angular import AngularAccumulator
 from depthlab.diagnostics.capture import ResidualCapture
 from depthlab.diagnostics.removal import joint_removal_loss, nll_sum
 from depthlab.errors import DepthlabError, choices
+from depthlab.model import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def _greedy_losses(cap: ResidualCapture, batches: Batches, removed: set[int], ca
             out = cap.run_skipping(x, states, {m} | {s for s in removed if s > m})
             sums[m] += nll_sum(out, y)[0]
             del out
-        count += int((y != -100).sum())
+        count += int((y != IGNORE_INDEX).sum())
         del states
         if on_batch is not None:
             on_batch(x.shape[0])

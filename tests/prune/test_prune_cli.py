@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import byte_tokenizer
+from prune_models import byte_tokenizer
 
 import depthlab as d
 from depthlab.cli import main

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from conftest import tiny_hf
+from prune_models import tiny_hf
 
 import depthlab as d
 from depthlab.diagnostics import ResidualCapture, find_layers
