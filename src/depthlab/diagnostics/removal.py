@@ -20,9 +20,10 @@ from depthlab.metrics import perplexity
 
 
 def nll_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
-    """Summed next-token cross-entropy (float64 total) and the number of counted labels (!= IGNORE_INDEX)."""
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=IGNORE_INDEX,
-                           reduction="sum")
+    """Summed cross-entropy (float64 total) and the number of counted labels (!= IGNORE_INDEX): next-token
+    logits (B, T, V) with labels (B, T), or a classifier's logits (B, C) with labels (B,)."""
+    flat = logits.float() if logits.dim() == 2 else logits.flatten(0, 1).float()
+    loss = F.cross_entropy(flat, labels.flatten().to(logits.device), ignore_index=IGNORE_INDEX, reduction="sum")
     return float(loss), int((labels != IGNORE_INDEX).sum())
 
 

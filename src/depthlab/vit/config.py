@@ -59,6 +59,11 @@ class ViTConfig(JsonConfig):
         return self.n_patches + 1
 
     @property
+    def max_seq_len(self) -> int:
+        """The longest token sequence the model takes (what ``TrainConfig`` checks ``seq_len`` against)."""
+        return self.seq_len
+
+    @property
     def depths(self) -> list[int]:
         """The 1-based depth l of each block: 1..L, or the original depths a pruned model kept."""
         return list(self.block_depths) if self.block_depths is not None else list(range(1, self.n_layers + 1))
