@@ -47,6 +47,7 @@ class Family:
     configure: Callable[..., Any]  # (config, **overrides) -> config
     with_weights: Callable[..., nn.Module]  # (config, state, where, device) -> model holding exactly state
     metric: str  # the held-out headline metric in summary.json: eval_ppl / eval_acc
+    resolve_train: Callable[..., TrainConfig]  # (train_cfg, model_cfg) -> resolved TrainConfig (defaults filled)
 
     def evaluator(self, forward: Forward, data: TrainData, env: D.DistEnv, model: nn.Module,
                   cfg: TrainConfig) -> Evaluator:
@@ -55,13 +56,20 @@ class Family:
                                    track_removal=cfg.track_removal)
 
 
+def _build_lm(cfg: ModelConfig, device: Any = None) -> nn.Module:
+    """``depthlab.model.build_model``, looked up at call time (tests spy on it there)."""
+    import depthlab.model
+
+    return depthlab.model.build_model(cfg, device=device)
+
+
 def _lm() -> Family:
     from depthlab.configure import configure, from_preset
-    from depthlab.model import build_model, model_with_weights
+    from depthlab.model import model_with_weights
 
     return Family("lm", ModelConfig, tuple(PRESETS), open_run,
-                  lambda run, env: load_train_data(run.cfg, run.tokenizer, env), build_model, D.LMLoss, Evaluator,
-                  from_preset, configure, model_with_weights, "eval_ppl")
+                  lambda run, env: load_train_data(run.cfg, run.tokenizer, env), _build_lm, D.LMLoss, Evaluator,
+                  from_preset, configure, model_with_weights, "eval_ppl", lambda t, m: t.resolve(m))
 
 
 def _vit() -> Family:
@@ -69,7 +77,7 @@ def _vit() -> Family:
     from depthlab.vit.model import build_vit, vit_with_weights
 
     return Family("vit", ViTConfig, tuple(VIT_PRESETS), V.open_vit_run, V.load_vit_data, build_vit, V.ViTLoss,
-                  V.ImageEvaluator, vit_from_preset, vit_configure, vit_with_weights, "eval_acc")
+                  V.ImageEvaluator, vit_from_preset, vit_configure, vit_with_weights, "eval_acc", V.vit_train_config)
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (_lm(), _vit())}
