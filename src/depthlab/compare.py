@@ -179,8 +179,8 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     out.mkdir(parents=True, exist_ok=True)
     saved_path.write_text(json.dumps({"settings": settings, "command": command}, indent=2) + "\n")
 
-    todo = [(sc, seed, out / "runs" / run_name(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes
-            if not (out / "runs" / run_name(sc, seed) / "diagnostics" / "report.json").is_file()]
+    todo = [(sc, seed, out / "runs" / run_dirname(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes
+            if not (out / "runs" / run_dirname(sc, seed) / "diagnostics" / "report.json").is_file()]
     run_in_parallel(cfg, todo, jobs, command)
     rows, runs = [], {}
     for seed in cfg.seeds:

@@ -33,7 +33,7 @@ SPLIT_SEED = 0
 HELD_OUT_FRACTION = 0.2
 #: Training defaults per ViT preset (fields a TrainConfig leaves None); vit-tiny: phase 1's digits study.
 VIT_DEFAULTS: dict[str, dict[str, Any]] = {
-    "vit-tiny": dict(lr=1e-3, steps=600, warmup=0.1, batch_size=64, grad_clip=1.0),
+    "vit-tiny": dict(lr=2e-3, steps=600, warmup=0.1, batch_size=64, grad_clip=1.0),
     "vit-s": dict(lr=1e-3, steps=100_000, warmup=0.05, batch_size=1024, grad_clip=1.0),
 }
 
