@@ -37,7 +37,7 @@ class ImageBatches:
         self.x, self.y = data.test_x[:n], data.test_y[:n]
         self.batch_size, self.device, self.split = opts.batch_size, device, "held-out images"
         self.requested = n * self.seq_len
-        self.short = n * self.seq_len < opts.tokens
+        self.short = False  # fewer held-out images than --tokens asks for is normal: all of them are used
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for i in range(0, len(self.y), self.batch_size):
