@@ -25,8 +25,8 @@ def _one_thread():
 
 def test_scheme_spec_parses_labels_and_safe_names():
     spec = parse_scheme_spec("lns:position=after-branch")
-    assert (spec.name, spec.options, spec.label, spec.dirname) == ("lns", {"position": "after-branch"},
-                                                                   "lns:position=after-branch", "lns-position-after-branch")
+    assert (spec.name, spec.options) == ("lns", {"position": "after-branch"})
+    assert (spec.label, spec.dirname) == ("lns:position=after-branch", "lns-position-after-branch")
     assert parse_scheme_spec("lns:lns_position=after-norm").label == "lns"  # alias; a default is the plain scheme
     assert parse_scheme_spec("mix:alpha=0.5").options == {"alpha": 0.5}
     assert run_name("lns:position=after-branch", 0) == "lns:position=after-branch-seed0"
