@@ -95,7 +95,7 @@ def run_figures(run_dir: str | Path) -> list[Path]:
     tracked = [l for l in lines if "layer_angular" in l]
     if len(tracked) > 1:
         out.append(depth_tracking([l["step"] for l in tracked],
-                                  {k: [l[k] for l in tracked] for k in TRACKED_LABELS if k in tracked[0]},
+                                  {k: [l[k] for l in tracked] for k in TRACKED_LABELS if all(k in l for l in tracked)},
                                   run_dir / "depth_tracking.png", f"Depth over training ({scheme})"))
     tr = [l for l in lines if "loss" in l]
     ev = [l for l in lines if "eval_loss" in l]
