@@ -30,15 +30,15 @@ from torch import nn
 
 from depthlab.config import ModelConfig
 from depthlab.errors import DepthlabError
-from depthlab.model import build_model
 from depthlab.train import distributed as D
 from depthlab.train.checkpoint import find_checkpoint, list_checkpoints, read_checkpoint, save_checkpoint, set_rng_state
 from depthlab.train.config import TrainConfig
-from depthlab.train.data import TrainData, load_train_data
+from depthlab.train.data import TrainData
 from depthlab.train.evaluator import EvalResult, Evaluator
+from depthlab.train.family import Family, family_of
 from depthlab.train.metrics_log import MetricsLog
 from depthlab.train.optim import build_optimizer
-from depthlab.train.rundir import RESUME_KEYS, RunSetup, open_run, write_run_dir
+from depthlab.train.rundir import RESUME_KEYS, RunSetup, write_run_dir
 from depthlab.train.start import StartFrom
 from depthlab.train.step import Forward, StepResult, autocast_for, train_step
 
@@ -93,10 +93,12 @@ def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bo
     device = _device(train_cfg, env.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    run = open_run(model_cfg, train_cfg, out, resume, env, start and start.tokenizer)  # bad input fails here
-    data = (start.load_data if start else load_train_data)(run.cfg, run.tokenizer, env)  # or here; nothing written
+    family = family_of(model_cfg)  # LM or ViT: how to build, feed and evaluate (family.py)
+    given = {"tokenizer": start.tokenizer} if start else {}  # fine-tuning: the source's tokenizer (LMs)
+    run = family.open_run(model_cfg, train_cfg, out, resume, env, **given)  # bad input fails here or in the next
+    data = start.load_data(run.cfg, run.tokenizer, env) if start else family.load_data(run, env)  # line; no writes
     config = write_run_dir(run, command, env, start.record if start else None)
-    session = _start_session(run, data, config, device, env, None if start is None else start.state_dict)
+    session = _start_session(family, run, data, config, device, env, None if start is None else start.state_dict)
     try:
         done = _run_steps(session, progress, quiet)
     finally:
@@ -134,7 +136,7 @@ class _Session:
         return self.wall_before + time.perf_counter() - self.t_loop
 
 
-def _start_session(run: RunSetup, data: TrainData, config: dict[str, Any], device: torch.device,
+def _start_session(family: Family, run: RunSetup, data: TrainData, config: dict[str, Any], device: torch.device,
                    env: D.DistEnv, init: dict[str, torch.Tensor] | None = None) -> _Session:
     """Seed, build and wrap the model (a fresh run with ``init`` loads those weights), build the
     optimizer, restore the latest checkpoint when resuming (weights, optimizer, RNG, counters), open
@@ -142,18 +144,17 @@ def _start_session(run: RunSetup, data: TrainData, config: dict[str, Any], devic
     cfg = run.cfg
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
-    model = build_model(run.model_cfg, device=device)
+    model = family.build(run.model_cfg, device=device)
     if init is not None and not run.resume:
         model.load_state_dict(init)
     if cfg.compile:
         model.compile()
-    module = D.wrap(model, env, device)
+    module = D.wrap(model, env, device, family.loss_module)
     optimizer = build_optimizer(model.parameters(), cfg, device)
     resumed = _restore(run.out, module, model, optimizer, env) if run.resume else {}
     metrics = MetricsLog(run.out / "metrics.jsonl", env.is_main, resumed.get("start"), cfg.tensorboard)
     forward = Forward(module, device, autocast_for(cfg, device))
-    evaluator = Evaluator(forward, data.eval_batches, data.probe_batch, env, model=model,
-                          probe_labels=data.probe_labels, track_depth=cfg.track_depth, track_removal=cfg.track_removal)
+    evaluator = family.evaluator(forward, data, env, model, cfg)
     return _Session(run, env, model, module, optimizer, forward, data, evaluator, metrics, config, **resumed)
 
 
@@ -257,8 +258,7 @@ def _after_step(s: _Session, step: int, done: _Done, quiet: bool) -> None:
     if (cfg.eval_every and step % cfg.eval_every == 0) or last:
         done.eval, done.eval_step = s.evaluator.evaluate(), step
         s.metrics.write(done.eval.record(step))
-        log.log(logging.DEBUG if quiet else logging.INFO, "step %d: eval loss %.4f, ppl %.2f", step, done.eval.loss,
-                done.eval.ppl)
+        log.log(logging.DEBUG if quiet else logging.INFO, "step %d: %s", step, done.eval.describe())
     if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or last:
         s.last_ckpt = _checkpoint(s, step)
 
@@ -271,7 +271,7 @@ def _summary(s: _Session, done: _Done, t_start: float) -> dict[str, Any]:
     probe = done.probe if done.probe is not None else s.evaluator.probe()
     return {
         "steps": s.run.cfg.steps, "scheme": s.run.model_cfg.scheme, "train_loss": done.train.get("loss"),
-        "eval_loss": ev.loss, "eval_ppl": ev.ppl, "layer_variance": probe["layer_variance"],
+        **ev.summary(), "layer_variance": probe["layer_variance"],
         "tokens": s.tokens, "wall_s": wall, "tokens_per_s": s.tokens / max(wall, 1e-9),
         "step_tokens_per_s": done.session_tokens / done.session_time if done.session_time else None,
         "setup_s": time.perf_counter() - t_start - (wall - s.wall_before),

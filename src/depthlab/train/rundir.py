@@ -42,11 +42,12 @@ class RunSetup:
     """A checked run: resolved configs (vocabulary and tokenizer filled in) and its tokenizer."""
 
     out: Path
-    model_cfg: ModelConfig
+    model_cfg: ModelConfig  # or a ViTConfig (family "vit")
     cfg: TrainConfig
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None for families without one (ViT)
     resume: bool
     saved: dict[str, Any] | None  # the run's config.json when resuming
+    family: str = "lm"  # depthlab.train.family: which family builds, feeds and evaluates the model
 
 
 def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv,
@@ -54,7 +55,7 @@ def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: 
     """Check ``out``, resolve the training config and the tokenizer (``tokenizer``: a fresh run's
     given one, e.g. a fine-tuned model's own), check a resume; writes nothing (a BPE tokenizer may be
     trained into the cache). Raises DepthlabError on any mismatch."""
-    saved = _saved_config(out) if resume else None
+    saved = saved_config(out) if resume else None
     if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"run directory {str(out)!r} already exists; "
                             "pass --resume to continue it or choose a new --out")
@@ -67,7 +68,8 @@ def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: 
     return RunSetup(out, model_cfg, cfg, tok, resume, saved)
 
 
-def _saved_config(out: Path) -> dict[str, Any]:
+def saved_config(out: Path) -> dict[str, Any]:
+    """``out/config.json`` of a run to resume (DepthlabError when there is none)."""
     if not (out / "config.json").is_file():
         raise DepthlabError(f"cannot resume {str(out)!r}: no config.json there (not a run directory)")
     return json.loads((out / "config.json").read_text())
@@ -120,10 +122,11 @@ def run_config(run: RunSetup, command: str | None, world_size: int,
     extra keys of a fresh run (e.g. ``finetune``)."""
     tok = run.tokenizer
     config = {"model": run.model_cfg.to_dict(), "train": run.cfg.to_dict(),
-              "tokenizer": {"spec": tok.spec, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-                            "pad_id": tok.pad_id, "fingerprint": tok.fingerprint()},
+              "tokenizer": None if tok is None else {"spec": tok.spec, "vocab_size": tok.vocab_size,
+                                                     "eos_id": tok.eos_id, "pad_id": tok.pad_id,
+                                                     "fingerprint": tok.fingerprint()},
               "versions": versions(), "command": command or command_line(), "world_size": world_size,
-              **(record or {})}
+              "family": run.family, **(record or {})}
     if run.resume:
         return {**run.saved, "command_resume": config["command"], "versions": config["versions"]}
     return config
@@ -137,6 +140,7 @@ def write_run_dir(run: RunSetup, command: str | None, env: D.DistEnv,
     if env.is_main and not run.resume:
         run.out.mkdir(parents=True, exist_ok=True)
         (run.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        run.tokenizer.save(run.out / "tokenizer")
+        if run.tokenizer is not None:
+            run.tokenizer.save(run.out / "tokenizer")
     D.barrier(env)
     return config
