@@ -69,7 +69,7 @@ class CompareConfig:
         for scheme in self.schemes:  # every model config must be valid before anything is trained
             model_cfg = self.model_config(scheme)
             family_of(model_cfg).resolve_train(self.train, model_cfg)
-        self.downstream.validate()
+        self.downstream.validate(family_of(self.model_config(self.schemes[0])).name)
 
     def specs(self) -> list[SchemeSpec]:
         return [parse_scheme_spec(s) for s in self.schemes]

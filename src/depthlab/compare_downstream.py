@@ -48,8 +48,11 @@ class Downstream:
     def active(self) -> bool:
         return bool(self.finetune or self.tasks)
 
-    def validate(self) -> None:
-        """Bad data or task specs fail here, before anything is trained."""
+    def validate(self, family: str = "lm") -> None:
+        """Bad data or task specs (or a model family without text, e.g. ViT) fail here, before
+        anything is trained."""
+        if self.active and family != "lm":
+            raise DepthlabError(f"--finetune / --eval need language models; this compare trains {family} models")
         if self.finetune:
             from depthlab.finetune.run import sft_records
 

@@ -66,3 +66,11 @@ def test_bad_downstream_input_fails_before_training(tmp_path):
         with pytest.raises(DepthlabError, match=what):
             compare(small_config(ds), tmp_path / "out")
         assert not (tmp_path / "out").exists()
+
+
+def test_downstream_on_a_vit_compare_is_refused_before_training(tmp_path):
+    cfg = CompareConfig(schemes=["pre", "lns"], preset="vit-tiny", train=TrainConfig(data="digits", steps=2),
+                        downstream=Downstream(tasks="builtin-mc"))
+    with pytest.raises(DepthlabError, match="need language models"):
+        compare(cfg, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
