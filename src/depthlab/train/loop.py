@@ -32,10 +32,12 @@ from depthlab.config import ModelConfig
 from depthlab.errors import DepthlabError
 from depthlab.model import build_model
 from depthlab.train import distributed as D
-from depthlab.train.checkpoint import find_checkpoint, list_checkpoints, read_checkpoint, save_checkpoint, set_rng_state
+from depthlab.train.checkpoint import load_intact, remove_stale_tmp, save_checkpoint, set_rng_state
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData, load_train_data
 from depthlab.train.evaluator import EvalResult, Evaluator
+from depthlab.train.integrity import first_nonfinite
+from depthlab.train.lock import RunGuard, run_guard
 from depthlab.train.metrics_log import MetricsLog
 from depthlab.train.optim import build_optimizer
 from depthlab.train.rundir import RESUME_KEYS, RunSetup, open_run, write_run_dir
@@ -57,18 +59,24 @@ class TrainingDiverged(RuntimeError):
 
 
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
-          progress: Progress | None = None, quiet: bool = False, command: str | None = None) -> dict[str, Any]:
+          progress: Progress | None = None, quiet: bool = False, command: str | None = None,
+          allow_changed: tuple[str, ...] = ()) -> dict[str, Any]:
     """Pre-train ``model_cfg`` as ``train_cfg`` says, writing the run directory ``out_dir``.
 
     ``resume=True`` continues ``out_dir`` from its latest complete checkpoint (the model, tokenizer
     and data/schedule settings must match). ``progress`` is called on every step with the train
     record (step, loss, lr, tokens, tokens_per_s); ``quiet`` hides the progress bar. Returns the
     summary (also written to ``summary.json``). Raises DepthlabError on bad input (before anything
-    is written) and TrainingDiverged on a NaN/inf loss.
+    is written) and TrainingDiverged on a NaN/inf loss or non-finite weights. ``allow_changed``:
+    schedule settings (lr, warmup, min_lr_ratio) a resume may change (recorded in config.json).
+    The run directory is locked for the whole run (one writer; see :mod:`depthlab.train.lock`), and a
+    fresh run whose set-up fails leaves nothing behind.
     """
     env = D.setup(train_cfg.dist, _device(train_cfg))
     try:
-        return _train(model_cfg, train_cfg, Path(out_dir), resume, progress, quiet, command, env)
+        with run_guard(Path(out_dir), env.is_main, existing=resume) as guard:
+            return _train(model_cfg, train_cfg, Path(out_dir), resume, progress, quiet, command, env, allow_changed,
+                          guard)
     finally:
         D.teardown(env)
 
@@ -84,16 +92,21 @@ def _device(cfg: TrainConfig, env_local_rank: int = 0) -> torch.device:
 
 
 def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, progress: Progress | None,
-           quiet: bool, command: str | None, env: D.DistEnv) -> dict[str, Any]:
+           quiet: bool, command: str | None, env: D.DistEnv, allow_changed: tuple[str, ...],
+           guard: RunGuard) -> dict[str, Any]:
     """:func:`train` inside the joined process group: set up, run the steps, write summary.json."""
     t_start = time.perf_counter()
     device = _device(train_cfg, env.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    run = open_run(model_cfg, train_cfg, out, resume, env)  # bad input fails here or in the next line,
-    data = load_train_data(run.cfg, run.tokenizer, env)  # before anything is written
+    run = open_run(model_cfg, train_cfg, out, resume, env, allow_changed)  # bad input fails here or in the
+    data = load_train_data(run.cfg, run.tokenizer, env)  # next line, before anything is written
+    guard.create()  # a fresh run's directory, locked; removed again if set-up fails
+    if env.is_main:
+        remove_stale_tmp(out)
     config = write_run_dir(run, command, env)
     session = _start_session(run, data, config, device, env)
+    guard.keep()
     try:
         done = _run_steps(session, progress, quiet)
     finally:
@@ -155,19 +168,25 @@ def _restore(out: Path, module: nn.Module, model: nn.Module, optimizer: torch.op
              env: D.DistEnv) -> dict[str, Any]:
     """Load the run's latest complete checkpoint (weights, optimizer, RNG; every rank); returns
     the session counters it records: start, tokens, wall_before, last_ckpt."""
-    data = read_checkpoint(find_checkpoint(out))
+    ckpt, data = load_intact(out)  # the newest intact checkpoint (a damaged one is named and skipped)
     D.load_full_state_dicts(module, model, optimizer, data["model"], data["optimizer"])
     set_rng_state(data["rng"])
     state = data["state"]
     if env.is_main:
         log.info("resuming %s from step %d", out, state["step"])
     return {"start": state["step"], "tokens": state["tokens"], "wall_before": state.get("wall_s", 0.0),
-            "last_ckpt": list_checkpoints(out)[-1]}
+            "last_ckpt": ckpt}
 
 
 def _checkpoint(s: _Session, step: int) -> Path:
-    """Save step ``step`` (collective: full state dicts gathered on every rank, rank 0 writes)."""
+    """Save step ``step`` (collective: full state dicts gathered on every rank, rank 0 writes). Weights
+    or optimizer state holding NaN/inf are never written: TrainingDiverged names the newest finite one."""
     msd, osd = D.full_state_dicts(s.module, s.model, s.optimizer)
+    bad = first_nonfinite(("model", msd), ("optimizer", osd))
+    if bad is not None:
+        where = f"last good checkpoint: {s.last_ckpt}" if s.last_ckpt else "no checkpoint was written yet"
+        raise TrainingDiverged(f"non-finite values in {bad} at step {step}; stopped without saving it ({where})",
+                               step, s.last_ckpt)
     path = None
     if s.env.is_main:
         state = {"tokens": s.tokens, "sequences": step * s.run.cfg.batch_size, "wall_s": s.wall(),
