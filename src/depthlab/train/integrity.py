@@ -57,7 +57,8 @@ def _local_files(spec: str) -> list[Path] | None:
     if path.is_dir():
         return sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))[:MAX_FILES]
     if any(c in spec for c in "*?["):
-        return [Path(p) for p in sorted(glob.glob(os.path.expanduser(spec), recursive=True)) if Path(p).is_file()][:MAX_FILES]
+        found = sorted(glob.glob(os.path.expanduser(spec), recursive=True))
+        return [Path(p) for p in found if Path(p).is_file()][:MAX_FILES]
     return None
 
 
@@ -84,6 +85,7 @@ def fingerprint_change(saved: dict[str, list], now: dict[str, list] | None) -> s
         if path not in saved:
             return f"{path!r} is new"
         if list(saved[path]) != list(now[path]):
-            what = "size" if saved[path][0] != now[path][0] else "content" if saved[path][2] != now[path][2] else "mtime"
+            size, _, head = saved[path]
+            what = "size" if size != now[path][0] else "content" if head != now[path][2] else "mtime"
             return f"{path!r} changed ({what})"
     return None

@@ -159,7 +159,8 @@ def run_config(run: RunSetup, command: str | None, world_size: int) -> dict[str,
               "tokenizer": {"spec": tok.spec, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
                             "pad_id": tok.pad_id, "fingerprint": tok.fingerprint()},
               "versions": versions(), "command": command or command_line(), "world_size": world_size,
-              "data_fingerprint": {"data": data_fingerprint(run.cfg.data), "val_data": data_fingerprint(run.cfg.val_data)}}
+              "data_fingerprint": {"data": data_fingerprint(run.cfg.data),
+                                   "val_data": data_fingerprint(run.cfg.val_data)}}
     if run.resume:
         resumed = {**run.saved, "command_resume": config["command"], "versions": config["versions"]}
         if run.changed:  # the new schedule rules from now on; the history says what changed when
