@@ -215,7 +215,7 @@ def _preset(name: str, scheme: str) -> Target:
             "scheme": cfg.scheme, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
             "n_kv_heads": cfg.kv_heads, "d_ff": cfg.d_ff, "vocab_size": cfg.vocab_size,
             "n_params": model.num_params(), "config": cfg.to_dict()}
-    return Target(model, name, "depthlab", ByteTokenizer(), info, None)
+    return Target(model, name, "depthlab", ByteTokenizer(), info, cfg.max_seq_len)
 
 
 def _local(path: Path, name: str, dtype: torch.dtype) -> Target:
@@ -232,7 +232,7 @@ def _local(path: Path, name: str, dtype: torch.dtype) -> Target:
                 "scheme_options": cfg.scheme_options, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
                 "n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads, "d_ff": cfg.d_ff, "vocab_size": cfg.vocab_size,
                 "n_params": model.num_params(), "config": cfg.to_dict(), "train": config.get("train")}
-        return Target(model, name, "depthlab", tokenizer, info, None)
+        return Target(model, name, "depthlab", tokenizer, info, cfg.max_seq_len)  # the context it was trained for
     if path.is_dir() and (path / "config.json").is_file():
         if _is_encoder_dir(path):
             model = _encoder(str(path), dtype)

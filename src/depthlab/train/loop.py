@@ -84,7 +84,10 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *
 def _device(cfg: TrainConfig, env_local_rank: int = 0) -> torch.device:
     """``cfg.device``, else this rank's CUDA device when there is one, else the CPU."""
     if cfg.device:
-        dev = torch.device(cfg.device)
+        try:
+            dev = torch.device(cfg.device)
+        except (RuntimeError, TypeError):
+            raise DepthlabError(f"unknown device {cfg.device!r}; choose cpu, cuda, cuda:N or mps") from None
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise DepthlabError(f"device {cfg.device!r} requested but CUDA is not available")
         return dev
