@@ -79,13 +79,19 @@ def build_config(args, schemes: list[str], preset: str, model_set: list[str] | N
 def run_and_print(cfg, out: str, command: str) -> int:
     import logging
 
+    from pathlib import Path
+
     from depthlab.compare import compare, markdown_table
+    from depthlab.train.lock import RunLock
 
     def progress(scheme: str, seed: int, row: dict) -> None:
         logging.getLogger("depthlab").info("done %s seed %d: held-out loss %.4f, ppl %.2f", scheme, seed,
                                            row["eval_loss"], row["eval_ppl"])
 
-    result = compare(cfg, out, command=command, on_run=progress)
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)  # to lock it; the CLI removes it again if the compare fails at once
+    with RunLock(path):  # one writer: a second compare on the same --out stops here, nothing touched
+        result = compare(cfg, out, command=command, on_run=progress)
     print(markdown_table(result["table"]))
     print(f"\nreport: {out.rstrip('/')}/report.html   (table: summary.md, numbers: summary.json)")
     return 0

@@ -89,7 +89,7 @@ def _hf_tokenizer(path: str, **kwargs: Any):
 
     spec = "hf:" + (str(Path(path) / kwargs["gguf_file"]) if "gguf_file" in kwargs else str(path))
     try:
-        return AutoTokenizerWrapper(AutoTokenizer.from_pretrained(str(path), **kwargs), spec)
+        return AutoTokenizerWrapper(AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, **kwargs), spec)
     except DepthlabError:
         raise
     except Exception as err:  # noqa: BLE001 - any loader failure becomes one line
@@ -143,7 +143,7 @@ def _encoder(path: str, dtype: torch.dtype) -> nn.Module:
     from transformers import AutoModel
 
     try:
-        return AutoModel.from_pretrained(path, dtype=dtype)
+        return AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=False)
     except Exception as err:  # noqa: BLE001
         raise DepthlabError(f"cannot load a Hugging Face encoder from {path!r}: {first_line(err)[:300]}") from None
 

@@ -72,8 +72,8 @@ def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: 
     model_cfg = model_cfg.replace(vocab_size=tok.vocab_size)
     changed = {}
     if saved is not None:
+        check_inputs(saved, tok, cfg, out)  # first: a swapped tokenizer also changes vocab_size
         changed = check_resume(saved, model_cfg, cfg, out, allow_changed)
-        check_inputs(saved, tok, cfg, out)
     return RunSetup(out, model_cfg, cfg, tok, resume, saved, changed)
 
 
