@@ -86,9 +86,10 @@ def test_nan_weights_after_a_finite_loss_are_never_checkpointed(tmp_path, monkey
 
 def test_real_divergence_keeps_finite_checkpoints_and_resumes_with_lower_lr(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["train", "--data", str(DATA), "--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64",
-            "--tokenizer", "bytes", "--seq-len", "16", "--batch-size", "4", "--eval-tokens", "128", "--steps", "30",
-            "--ckpt-every", "1", "--keep-last", "1", "--device", "cpu", "--no-plots", "-q", "--out", str(out)]
+    args = ["train", "--data", str(DATA), "--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2",
+            "--set", "d_ff=64", "--tokenizer", "bytes", "--seq-len", "16", "--batch-size", "4", "--eval-tokens", "128",
+            "--steps", "30", "--ckpt-every", "1", "--keep-last", "1", "--device", "cpu", "--no-plots", "-q",
+            "--out", str(out)]
     assert main([*args, "--lr", "1e6", "--warmup", "29"]) == 1  # blows up after a few warm-up steps
     err = capsys.readouterr().err
     assert "last good checkpoint" in err or "no checkpoint was written yet" in err
@@ -254,9 +255,10 @@ def test_locked_run_is_refused_naming_the_holder_and_left_untouched(tmp_path, re
 
 def test_two_concurrent_writers_exactly_one_runs(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "depthlab", "train", "--data", str(DATA), "--set", "n_layers=2", "--set", "d_model=32", "--set",
-           "n_heads=2", "--set", "d_ff=64", "--tokenizer", "bytes", "--seq-len", "16", "--batch-size", "4",
-           "--eval-tokens", "128", "--steps", "40", "--device", "cpu", "--no-plots", "-q", "--out", str(out)]
+    cmd = [sys.executable, "-m", "depthlab", "train", "--data", str(DATA), "--set", "n_layers=2", "--set",
+           "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64", "--tokenizer", "bytes", "--seq-len", "16",
+           "--batch-size", "4", "--eval-tokens", "128", "--steps", "40", "--device", "cpu", "--no-plots", "-q",
+           "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
              for _ in range(2)]

@@ -5,7 +5,7 @@
     guard.cleanup()                         # on failure: remove what the command created
 
 A directory that existed before is never removed, nor one holding a training checkpoint (a failed
-train or compare stays resumable).
+train or compare stays resumable), nor one another process holds the run lock of.
 """
 
 from __future__ import annotations
@@ -55,4 +55,14 @@ class OutputGuard:
             return
         if any(self.path.rglob("trainer_state.json")):
             return
-        shutil.rmtree(self.path, ignore_errors=True)
+        from depthlab.train.lock import RunLock
+
+        lock = RunLock(self.path)
+        try:
+            lock.acquire()
+        except DepthlabError:  # another process created it meanwhile and is writing it: not ours
+            return
+        try:
+            shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            lock.release()

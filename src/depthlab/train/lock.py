@@ -82,27 +82,30 @@ class RunGuard:
         if not self.enabled or self.lock.fd is not None:
             return
         missing = [p for p in (self.out, *self.out.parents) if not p.exists()]
-        self.was_empty = not missing and self.out.is_dir() and not any(self.out.iterdir())
+        was_empty = not missing and self.out.is_dir() and not any(self.out.iterdir())
         try:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise DepthlabError(f"cannot create {str(self.out)!r}: {err.strerror or err}") from None
-        self.created = missing[-1] if missing else None
-        self.lock.acquire()
+        self.lock.acquire()  # refused: another process holds it, and nothing here is ours to remove
         if any(p.name != LOCK_NAME for p in self.out.iterdir()):
             self.lock.release()
-            self.created = None
             raise DepthlabError(f"run directory {str(self.out)!r} was created by another process meanwhile; "
                                 "choose a new --out")
+        self.created, self.was_empty = (missing[-1] if missing else None), was_empty
 
     def keep(self) -> None:
         """Set-up succeeded: what was created stays, whatever happens later."""
         self.kept = True
 
     def exit(self, failed: bool) -> None:
-        self.lock.release()
-        if not (failed and self.enabled and not self.kept):
-            return
+        try:
+            if failed and self.enabled and not self.kept and self.lock.fd is not None:
+                self._remove_created()
+        finally:
+            self.lock.release()
+
+    def _remove_created(self) -> None:
         if self.created is not None:
             shutil.rmtree(self.created, ignore_errors=True)
         elif self.was_empty and self.out.is_dir():
