@@ -134,3 +134,14 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     for w in words:
         assert w in lines[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_runs_side_by_side_give_the_same_numbers(finished, tmp_path):
+    """jobs=2 trains the runs in parallel worker processes (one thread each): same table."""
+    _, result, _ = finished
+    parallel = compare(small_config(), tmp_path / "par", quiet=True, jobs=2)
+    for a, b in zip(result["runs"], parallel["runs"]):
+        assert a["scheme"] == b["scheme"] and a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-6)
+        assert a["deep_angular"] == pytest.approx(b["deep_angular"], rel=1e-5)
+    assert (tmp_path / "par" / "tracking_curves.png").stat().st_size > 0
+    assert "Depth over training" in (tmp_path / "par" / "summary.md").read_text()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from depthlab.compare_parallel import run_in_parallel
 from depthlab.compare_table import COLUMNS, markdown_table
 from depthlab.compare_tracking import compare_tracking_markdown
 from depthlab.config import PRESETS
@@ -145,8 +146,9 @@ def aggregate(rows: list[dict[str, Any]], schemes: list[str]) -> list[dict[str, 
 
 
 def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, command: str | None = None,
-            on_run: Callable[[str, int, dict], None] | None = None) -> dict[str, Any]:
-    """Train + diagnose every (scheme, seed) into ``out_dir`` and write the side-by-side report.
+            on_run: Callable[[str, int, dict], None] | None = None, jobs: int = 1) -> dict[str, Any]:
+    """Train + diagnose every (scheme, seed) into ``out_dir`` and write the side-by-side report;
+    ``jobs`` runs at a time (``depthlab.compare_parallel``).
 
     Reuses whatever a previous, interrupted call with the same settings finished."""
     cfg.validate()
@@ -163,6 +165,9 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     out.mkdir(parents=True, exist_ok=True)
     saved_path.write_text(json.dumps({"settings": settings, "command": command}, indent=2) + "\n")
 
+    todo = [(sc, seed, out / "runs" / run_name(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes
+            if not (out / "runs" / run_name(sc, seed) / "diagnostics" / "report.json").is_file()]
+    run_in_parallel(cfg, todo, jobs, command)
     rows, runs = [], {}
     for seed in cfg.seeds:
         for scheme in cfg.schemes:

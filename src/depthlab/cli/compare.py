@@ -32,7 +32,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def add_shared_arguments(p: argparse.ArgumentParser, steps: int | None = None, eval_tokens: int | None = None,
-                         diag_tokens: int = 16384) -> None:
+                         diag_tokens: int = 16384, jobs: int = 1) -> None:
     """Flags shared by ``compare`` and ``demo`` (which passes its own defaults)."""
     p.add_argument("--data", default="builtin", help="training corpus (default builtin: the King James Bible)")
     p.add_argument("--tokenizer", help="bytes | bpe:N | hf:NAME (default bpe:4096)")
@@ -48,6 +48,8 @@ def add_shared_arguments(p: argparse.ArgumentParser, steps: int | None = None, e
                    help=f"held-out tokens for the diagnostics (default {diag_tokens})")
     p.add_argument("--no-jacobian", dest="jacobian", action="store_false", help="skip block Jacobians")
     p.add_argument("--device", help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--jobs", type=int, default=jobs,
+                   help=f"runs trained side by side, the cores split between them (default {jobs})")
 
 
 def register(subparsers) -> None:
@@ -76,7 +78,7 @@ def build_config(args, schemes: list[str], preset: str, model_set: list[str] | N
                          train=train, diagnose=diag)
 
 
-def run_and_print(cfg, out: str, command: str) -> int:
+def run_and_print(cfg, out: str, command: str, jobs: int = 1) -> int:
     import logging
 
     from pathlib import Path
@@ -91,7 +93,7 @@ def run_and_print(cfg, out: str, command: str) -> int:
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)  # to lock it; the CLI removes it again if the compare fails at once
     with RunLock(path):  # one writer: a second compare on the same --out stops here, nothing touched
-        result = compare(cfg, out, command=command, on_run=progress)
+        result = compare(cfg, out, command=command, on_run=progress, jobs=jobs)
     print(markdown_table(result["table"]))
     print(f"\nreport: {out.rstrip('/')}/report.html   (table: summary.md, numbers: summary.json)")
     return 0
@@ -101,4 +103,4 @@ def main(args) -> int:
     from depthlab.provenance import command_line
 
     command = command_line(args.argv)
-    return run_and_print(build_config(args, args.schemes, args.preset, args.model_set), args.out, command)
+    return run_and_print(build_config(args, args.schemes, args.preset, args.model_set), args.out, command, args.jobs)

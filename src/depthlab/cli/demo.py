@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from depthlab.cli.compare import add_shared_arguments, build_config, run_and_print
 from depthlab.provenance import command_line
@@ -12,6 +13,7 @@ from depthlab.provenance import command_line
 DEMO_STEPS = 120
 DEMO_EVAL_TOKENS = 16384
 DEMO_DIAG_TOKENS = 8192
+DEMO_JOBS = min(2, os.cpu_count() or 1)  # the two runs side by side, one core each
 
 USAGE = f"""\
 examples:
@@ -29,10 +31,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("demo", help="pre vs lns on the built-in corpus (tiny preset, CPU, ~5 min)",
                               description=__doc__ + "\n\n" + USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="depthlab-demo", help="output directory (default ./depthlab-demo)")
-    add_shared_arguments(p, steps=DEMO_STEPS, eval_tokens=DEMO_EVAL_TOKENS, diag_tokens=DEMO_DIAG_TOKENS)
+    add_shared_arguments(p, steps=DEMO_STEPS, eval_tokens=DEMO_EVAL_TOKENS, diag_tokens=DEMO_DIAG_TOKENS,
+                         jobs=DEMO_JOBS)
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
     command = command_line(args.argv)
-    return run_and_print(build_config(args, ["pre", "lns"], "tiny", None), args.out, command)
+    return run_and_print(build_config(args, ["pre", "lns"], "tiny", None), args.out, command, args.jobs)

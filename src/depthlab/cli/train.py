@@ -27,7 +27,7 @@ layer_variance.png and loss.png.
 _TRAIN_FLAGS = ("data", "val_data", "text_field", "tokenizer", "seq_len", "batch_size", "micro_batch_size", "steps",
                 "lr", "warmup", "min_lr_ratio", "optimizer", "weight_decay", "grad_clip", "seed", "device", "dtype",
                 "dist", "eval_every", "eval_tokens", "variance_every", "probe_batch_size", "log_every", "ckpt_every",
-                "keep_last", "cache_dir")
+                "keep_last", "cache_dir", "removal_every")
 
 
 def register(subparsers) -> None:
@@ -79,6 +79,7 @@ def register(subparsers) -> None:
                    help="probe the layerwise variance only (no angular distance, contribution, norm gain, removal)")
     r.add_argument("--no-track-removal", dest="track_removal", action="store_false", default=None,
                    help="track depth without the removal Δloss (L partial forwards per probe; for big models)")
+    r.add_argument("--removal-every", type=int, help="the removal Δloss at every n-th probe and the last (default 4)")
     r.add_argument("--log-every", type=int, help="steps between train lines in metrics.jsonl (default 10)")
     r.add_argument("--ckpt-every", type=int, help="steps between checkpoints (0 = end only)")
     r.add_argument("--keep-last", type=int, help="checkpoints kept (default 2)")

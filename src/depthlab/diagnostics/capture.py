@@ -197,6 +197,20 @@ class ResidualCapture:
             return self.forward(input_ids)
 
     @torch.no_grad()
+    def run_removed(self, input_ids: torch.Tensor, skip: Iterable[int]) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """:meth:`run` on the model with the blocks in ``skip`` removed: its output and its L+1 states,
+        where ``states[l-1]`` is what block l receives (a removed block's input passes on unchanged).
+        Given these states, ``run_skipping(ids, states, {m} | {s in skip if s > m})`` is the model without
+        ``skip`` and block m, computing only the blocks after m: the prefix reuse of greedy removal."""
+        skip = set(skip)
+        if not skip:
+            return self.run(input_ids)  # type: ignore[return-value]
+        if not self._tuple_out:
+            self.run(input_ids[:1, :2])  # learn the layers' output format
+        with self._patched(None, skip):
+            return self.run(input_ids)  # type: ignore[return-value]
+
+    @torch.no_grad()
     def run_without(self, input_ids: torch.Tensor, skip: Iterable[int]) -> torch.Tensor | None:
         """The model's output with the blocks in ``skip`` removed, computed from scratch (no cache)."""
         if not self._tuple_out:

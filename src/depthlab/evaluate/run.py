@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import platform
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from depthlab.errors import DepthlabError, choices
+from depthlab.errors import DepthlabError, choices, first_line
 from depthlab.evaluate.builtin import BUILTIN_TASKS, builtin_task
 from depthlab.evaluate.scoring import score_generate, score_loglik
 from depthlab.evaluate.tasks import Task, load_task_file, parse_rows
+from depthlab.provenance import versions
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +32,7 @@ def _hf_task(spec: str, limit: int | None) -> Task:
     try:
         ds = datasets.load_dataset(name, config or None, split=split or "validation")
     except Exception as err:  # noqa: BLE001 - offline, unknown name, ...: one line
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DepthlabError(f"cannot load task {spec!r}: {first[:300]}") from None
+        raise DepthlabError(f"cannot load task {spec!r}: {first_line(err)[:300]}") from None
     return parse_rows(((f"{spec}[{i}]", dict(row)) for i, row in enumerate(ds)), spec, spec, limit)
 
 
@@ -63,16 +61,6 @@ def load_tasks(specs: str | Sequence[str | Task], limit: int | None = None) -> l
     if dup:
         raise DepthlabError(f"two tasks are named {dup[0]!r}; rename one of the files")
     return tasks
-
-
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("depthlab", "torch", "transformers"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
 
 
 class _Codec:
@@ -143,7 +131,7 @@ def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path 
     if out is not None:
         meta = {"target": target.name, "target_info": {k: v for k, v in target.info.items() if k != "config"},
                 "scoring": scoring, "template": tmpl.to_dict() if scoring == "generate" else None, "limit": limit,
-                "batch_size": batch_size, "max_length": max_len, "command": command, "versions": _versions()}
+                "batch_size": batch_size, "max_length": max_len, "command": command, "versions": versions()}
         write_results(out, results, meta, generations)
     return results
 

@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from depthlab.errors import DepthlabError, choices
+from depthlab.model import IGNORE_INDEX  # the one definition (the model's loss convention)
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ class TrainConfig(JsonConfig):
     probe_batch_size: int = 8  # sequences in the fixed probe batch (held-out text)
     track_depth: bool = True  # at each probe: angular distance, contribution, norm gain per block (else variance only)
     track_removal: bool = True  # ... and the Δloss of removing each block (L partial forwards; off for big models)
+    removal_every: int = 4  # the removal sweep at every n-th probe (and the last): it costs ~2 train steps on tiny
     log_every: int = 10  # steps between train lines in metrics.jsonl
     ckpt_every: int | None = None  # steps between checkpoints; None = steps // 4; 0 = only at the end
     keep_last: int = 2  # checkpoints kept
@@ -129,7 +130,7 @@ class TrainConfig(JsonConfig):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        for name in ("eval_every", "variance_every", "ckpt_every"):
+        for name in ("eval_every", "variance_every", "ckpt_every", "removal_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {v!r}")

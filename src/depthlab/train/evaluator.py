@@ -66,14 +66,15 @@ class Evaluator:
         return EvalResult(mean, perplexity(mean), self.tokens)
 
     @torch.no_grad()
-    def probe(self) -> dict[str, list[float]]:
+    def probe(self, removal: bool = True) -> dict[str, list[float]]:
         """Per-depth numbers of the fixed probe batch, blocks 1..L: ``layer_variance`` = each block's
         output variance (:func:`~depthlab.metrics.element_variance`); with depth tracking also
-        ``layer_angular``, ``layer_contribution``, ``layer_norm_gain`` and ``layer_removal``
-        (:func:`~depthlab.diagnostics.tracking.depth_probe`, from the same forward)."""
+        ``layer_angular``, ``layer_contribution``, ``layer_norm_gain`` and, when ``removal`` (and the
+        run tracks it), ``layer_removal`` (:func:`~depthlab.diagnostics.tracking.depth_probe`, from the
+        same forward)."""
         with self.forward.eval_mode():
             if self.track_depth:
-                return depth_probe(self.model, self.probe_batch, self.probe_labels, removal=self.track_removal,
+                return depth_probe(self.model, self.probe_batch, self.probe_labels, removal=removal and self.track_removal,
                                    forward=lambda ids: self.forward(ids, logits=True).logits)
             hidden = self.forward(self.probe_batch, None, True).hidden_states  # embedding, then blocks 1..L
         return {"layer_variance": [element_variance(h) for h in hidden[1:]]}

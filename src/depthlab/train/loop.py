@@ -238,7 +238,7 @@ def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
     s.t_loop = time.perf_counter()
     s.module.train()
     if s.start == 0 and cfg.variance_every:
-        s.metrics.write({"step": 0, **s.evaluator.probe()})
+        s.metrics.write({"step": 0, **s.evaluator.probe(removal=True)})
     done = _Done()
     try:
         for step in range(s.start + 1, cfg.steps + 1):
@@ -267,7 +267,8 @@ def _after_step(s: _Session, step: int, done: _Done, quiet: bool) -> None:
         s.metrics.write(done.train)
         done.win_tokens, done.win_time = 0, 0.0
     if cfg.variance_every and (step % cfg.variance_every == 0 or last):
-        done.probe = s.evaluator.probe()
+        nth = step // cfg.variance_every  # the removal sweep (L partial forwards) every removal_every-th probe
+        done.probe = s.evaluator.probe(removal=last or (cfg.removal_every > 0 and nth % cfg.removal_every == 0))
         s.metrics.write({"step": step, **done.probe})
     if (cfg.eval_every and step % cfg.eval_every == 0) or last:
         done.eval, done.eval_step = s.evaluator.evaluate(), step

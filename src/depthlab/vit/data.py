@@ -14,7 +14,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from depthlab.errors import DepthlabError
+from depthlab.errors import DepthlabError, first_line
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -147,8 +147,7 @@ def load_hf_images(name: str, image_size: int, channels: int, limit: int | None 
     try:
         ds = datasets.load_dataset(name, split="train")
     except Exception as err:  # noqa: BLE001 - offline, unknown name, ...: one line for the user
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DepthlabError(f"cannot load hf:{name}: {first}") from err
+        raise DepthlabError(f"cannot load hf:{name}: {first_line(err)}") from err
     image_col = next((c for c in ("img", "image", "pixel_values") if c in ds.column_names), None)
     label_col = next((c for c in ("label", "labels", "fine_label") if c in ds.column_names), None)
     if image_col is None or label_col is None:

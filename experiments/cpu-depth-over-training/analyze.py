@@ -1,0 +1,85 @@
+"""Depth over training, measured on every checkpoint of long CPU runs (see README.md here).
+
+    python experiments/cpu-depth-over-training/analyze.py RUN_DIR [RUN_DIR ...] --out experiments/cpu-depth-over-training
+
+For each checkpoint of each run: the same depth probe the trainer logs (depthlab.diagnostics.tracking:
+adjacent angular distance, removal Δloss, contribution ‖x^{l+1}−x^l‖/‖x^l‖, pre-norm gain mean|γ|,
+output variance) on one fixed held-out batch of the built-in corpus (the six held-out books), plus the
+held-out loss of that batch. Writes results.json and depth_over_training.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from depthlab.data import eval_token_batches
+from depthlab.diagnostics.tracking import TRACKED, deep_mean, depth_probe
+from depthlab.plots._base import save, subplots
+from depthlab.train import list_checkpoints, load_run
+
+SEQ, N_SEQ = 128, 32  # 4,096 held-out tokens per probe
+
+
+def probe_run(run: Path) -> dict:
+    out = {}
+    batch = None
+    for ckpt in list_checkpoints(run):
+        model, tok, config = load_run(ckpt)
+        if batch is None:
+            batch = next(iter(eval_token_batches("builtin", tok, N_SEQ * SEQ, SEQ + 1, N_SEQ, split="val")))
+        x, y = batch[:, :-1], batch[:, 1:]
+        with torch.no_grad():
+            loss = float(model(x, labels=y).loss)
+        step = int(ckpt.name.split("-")[1])
+        out[step] = {"probe_loss": loss, **depth_probe(model, x, y)}
+        print(f"{run.name} step {step}: probe loss {loss:.4f}, deep angular "
+              f"{deep_mean(out[step]['layer_angular']):.4f}, deep removal {deep_mean(out[step]['layer_removal']):.4f}")
+    return {"scheme": config["model"]["scheme"], "lr": config["train"]["lr"], "steps": config["train"]["steps"],
+            "probes": out}
+
+
+def figure(results: dict, path: Path) -> Path:
+    keys = ["probe_loss", "layer_angular", "layer_removal", "layer_contribution", "layer_norm_gain"]
+    fig, axes = subplots(1, len(keys) + 1, figsize=(3.4 * (len(keys) + 1), 3.4))
+    for name, r in results.items():
+        steps = sorted(r["probes"], key=int)
+        for ax, k in zip(axes, keys):
+            vals = [r["probes"][s][k] if k == "probe_loss" else deep_mean(r["probes"][s][k]) for s in steps]
+            ax.plot([int(s) for s in steps], vals, marker="o", ms=3, label=name)
+            ax.set_title(k + ("" if k == "probe_loss" else " (deepest third)"), fontsize=8)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        last = r["probes"][steps[-1]]["layer_norm_gain"]
+        axes[-1].plot(range(1, len(last) + 1), last, marker="o", ms=3, label=f"{name} (step {steps[-1]})")
+    L = len(last)
+    axes[-1].plot(range(1, L + 1), [math.sqrt(l) for l in range(1, L + 1)], "k--", lw=1, label="sqrt(l)")
+    axes[-1].set_yscale("log")
+    axes[-1].set_title("pre-norm gain mean|γ| by block, last checkpoint", fontsize=8)
+    axes[-1].set_xlabel("block l")
+    axes[0].legend(fontsize=7)
+    axes[-1].legend(fontsize=6)
+    return save(fig, path)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", type=Path)
+    p.add_argument("--out", type=Path, default=Path(__file__).parent)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    results = {run.name: probe_run(run) for run in args.runs}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
+    figure(results, args.out / "depth_over_training.png")
+    assert set(TRACKED) <= set(next(iter(next(iter(results.values()))["probes"].values())))
+    print(np.__name__, "ok:", args.out / "results.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""``depthlab prune``: from a diagnosis to a smaller model any runtime loads.
+
+    from depthlab.diagnostics import load_target
+    from depthlab.prune import PruneOptions, prune_target
+    report = prune_target(load_target("smollm2"), PruneOptions(method="removal", remove=6), "pruned/smollm2-24")
+
+Pieces: :mod:`~depthlab.prune.select` (which blocks: greedy removal, angular-block, block influence),
+:mod:`~depthlab.prune.export` (HF surgery, export, verification, latency and cost),
+:mod:`~depthlab.prune.heal` (short continued training), :mod:`~depthlab.prune.run` (pruned depthlab
+models and run directories), :mod:`~depthlab.prune.report` (prune.json, report.html).
+"""
+
+from depthlab.prune.export import PRUNABLE_MODEL_TYPES, drop_layers, verify_export, write_hf
+from depthlab.prune.heal import HEAL_MODES, HealOptions, heal
+from depthlab.prune.pipeline import PruneOptions, check_options, prune_model, prune_target
+from depthlab.prune.select import (
+    METHODS,
+    Selection,
+    angular_block,
+    greedy_removal,
+    lowest_influence,
+    select_blocks,
+    survey_model,
+)
+
+__all__ = [
+    "HEAL_MODES", "METHODS", "PRUNABLE_MODEL_TYPES", "HealOptions", "PruneOptions", "Selection", "angular_block",
+    "check_options", "drop_layers", "greedy_removal", "heal", "lowest_influence", "prune_model", "prune_target",
+    "select_blocks", "survey_model", "verify_export", "write_hf",
+]

@@ -1,0 +1,234 @@
+"""Block surgery and export: a pruned model as a Hugging Face checkpoint any runtime loads.
+
+    pruned = drop_layers(hf_model, [21, 22, 23])         # a copy with 3 decoder layers fewer
+    write_hf(pruned, "pruned/x", tokenizer)              # safetensors + config.json + tokenizer
+    check = verify_export("pruned/x", pruned, ids)       # reload with plain transformers: logits, generate
+
+What changes in an HF causal LM when layers go:
+
+- the layer ``ModuleList`` keeps the surviving layers, in order;
+- every ``layer_idx`` attribute inside them (attention modules index the KV cache with it) is
+  renumbered 0..k-1, so ``generate`` with a cache works;
+- ``config.num_hidden_layers`` becomes k; per-layer config lists (``layer_types``, ``no_rope_layers``)
+  are sliced; ``max_window_layers`` (Qwen2/Qwen3: layers below it attend fully) becomes the number of
+  surviving layers below it;
+- tied embeddings stay tied (the copy shares the embedding and head as the original does).
+
+A model with LayerNorm Scaling hooks (``depthlab.hf.apply_layernorm_scaling``) is folded first: each
+surviving layer keeps its *original* depth's 1/sqrt(l), in its norm weights. A depthlab model is
+converted with :func:`depthlab.hf.to_hf_model`, which folds LNS at each block's own depth.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from depthlab.diagnostics.capture import find_layers
+from depthlab.errors import DepthlabError
+
+log = logging.getLogger(__name__)
+
+#: HF ``model_type`` values whose layer list, KV-cache indexing and per-layer config depthlab knows.
+PRUNABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: Config attributes holding one entry per layer.
+PER_LAYER_LISTS = ("layer_types", "no_rope_layers")
+
+
+def check_prunable(model: nn.Module) -> None:
+    """Refuse what the surgery does not know: an unknown HF architecture, a depthlab scheme that a
+    vanilla Llama cannot express."""
+    from depthlab.model import DecoderLM
+
+    if isinstance(model, DecoderLM):
+        from depthlab.hf import folded_state_dict
+
+        with torch.device("meta"):
+            folded_state_dict(DecoderLM(model.cfg))  # raises DepthlabError naming the exportable schemes
+        return
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in PRUNABLE_MODEL_TYPES:
+        raise DepthlabError(f"cannot prune architecture {model_type or type(model).__name__!r}: depthlab knows the "
+                            f"layer list of model types {', '.join(PRUNABLE_MODEL_TYPES)} (and depthlab runs)")
+    if not hasattr(model, "generate"):
+        raise DepthlabError(f"{type(model).__name__} is not a causal LM; depthlab prune needs one")
+    find_layers(model)
+
+
+def _layer_owner(model: nn.Module) -> tuple[nn.Module, str]:
+    """The module holding the layer ``ModuleList`` and its attribute name."""
+    layers = find_layers(model)
+    for module in model.modules():
+        for attr, child in module.named_children():
+            if child is layers:
+                return module, attr
+    raise DepthlabError(f"cannot locate the layer list inside {type(model).__name__}")
+
+
+def _slice_config(config: Any, keep: Sequence[int], n_layers: int) -> None:
+    for name in PER_LAYER_LISTS:
+        values = getattr(config, name, None)
+        if isinstance(values, (list, tuple)) and len(values) == n_layers:
+            setattr(config, name, [values[i] for i in keep])
+    mwl = getattr(config, "max_window_layers", None)
+    if isinstance(mwl, int):
+        config.max_window_layers = sum(1 for i in keep if i < mwl)
+    config.num_hidden_layers = len(keep)
+
+
+def _plain_weights(model: nn.Module) -> None:
+    """A GGUF checkpoint is dequantised on load (plain tensors) but keeps transformers' GGUF quantizer,
+    which refuses ``save_pretrained``: drop it, so the pruned copy saves as ordinary safetensors."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return
+    method = str(getattr(quantizer.quantization_config, "quant_method", "")).lower()
+    if "gguf" not in method:
+        raise DepthlabError(f"cannot prune a model quantized with {method!r}: load it in full precision (fp32/bf16)")
+    model.hf_quantizer = None
+    model.quantization_method = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
+@torch.no_grad()
+def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False) -> nn.Module:
+    """An HF causal LM without the decoder layers ``removed`` (1-based): layers, ``layer_idx`` and
+    config renumbered (see the module docstring). LNS hooks are folded first. A copy unless ``inplace``."""
+    from depthlab.hf.lns import fold_layernorm_scaling, is_layernorm_scaled
+
+    check_prunable(model)
+    if is_layernorm_scaled(model):
+        model = fold_layernorm_scaling(model, inplace=inplace)  # each layer's own 1/sqrt(l), in its weights
+        inplace = True
+    if not inplace:
+        model = copy.deepcopy(model)
+    _plain_weights(model)
+    owner, attr = _layer_owner(model)
+    layers = getattr(owner, attr)
+    n = len(layers)
+    gone = set(removed)
+    bad = sorted(b for b in gone if not 1 <= b <= n)
+    if bad or len(gone) >= n:
+        raise DepthlabError(f"cannot remove blocks {sorted(gone)} from a model of {n} (1..{n}, keep at least one)")
+    keep = [i for i in range(n) if i + 1 not in gone]
+    for new, old in enumerate(keep):
+        for module in layers[old].modules():
+            if hasattr(module, "layer_idx"):
+                module.layer_idx = new
+    setattr(owner, attr, nn.ModuleList(layers[i] for i in keep))
+    _slice_config(model.config, keep, n)
+    return model
+
+
+def hf_model_of(model: nn.Module) -> nn.Module:
+    """The HF model to export: a depthlab model converted (LNS folded per block), an HF one as is."""
+    from depthlab.model import DecoderLM
+
+    if isinstance(model, DecoderLM):
+        from depthlab.hf import to_hf_model
+
+        return to_hf_model(model, next(model.parameters()).dtype).to(next(model.parameters()).device)
+    return model
+
+
+def write_hf(model: nn.Module, out: str | Path, tokenizer: Any = None, provenance: dict | None = None) -> Path:
+    """``save_pretrained`` (safetensors) plus the tokenizer; ``provenance`` lands in config.json under ``depthlab``."""
+    from depthlab.hf.convert import hf_tokenizer
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if provenance is not None:
+        model.config.depthlab = {**(getattr(model.config, "depthlab", None) or {}), **provenance}
+    model.save_pretrained(out, safe_serialization=True)
+    if tokenizer is not None:
+        hf_tok = hf_tokenizer(tokenizer)
+        if hf_tok is None:
+            log.warning("tokenizer %r has no Hugging Face equivalent; the checkpoint has no tokenizer files",
+                        getattr(tokenizer, "spec", tokenizer))
+        else:
+            hf_tok.save_pretrained(out)
+    return out
+
+
+@torch.no_grad()
+def verify_export(out: str | Path, reference: nn.Module, ids: torch.Tensor, new_tokens: int = 8) -> dict[str, Any]:
+    """Reload ``out`` with plain ``AutoModelForCausalLM.from_pretrained`` and compare its logits on
+    ``ids`` with ``reference`` (max |Δ|); greedy-generate ``new_tokens`` with the KV cache and without."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = next(reference.parameters()).dtype
+    device = next(reference.parameters()).device
+    loaded = AutoModelForCausalLM.from_pretrained(str(out), dtype=dtype).to(device).eval()
+    ids = ids.to(device)
+    ref = lm_logits(reference, ids)
+    got = lm_logits(loaded, ids)
+    prompt = ids[:1, : min(8, ids.shape[1])]
+    kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0}
+    with_cache = loaded.generate(prompt, use_cache=True, **kw)
+    without = loaded.generate(prompt, use_cache=False, **kw)
+    return {"max_abs_logit_diff": float((ref.float() - got.float()).abs().max()),
+            "n_layers_loaded": int(loaded.config.num_hidden_layers),
+            "architecture": type(loaded).__name__,
+            "generated_tokens": with_cache[0, prompt.shape[1]:].tolist(),
+            "generate_cache_matches_no_cache": bool(torch.equal(with_cache, without))}
+
+
+def lm_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) of a depthlab model or an HF causal LM (no cache)."""
+    from depthlab.model import DecoderLM
+
+    if isinstance(model, DecoderLM):
+        return model(ids).logits
+    return model(input_ids=ids, use_cache=False).logits
+
+
+def _timed_generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> float:
+    kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False, "use_cache": True,
+          "pad_token_id": 0}
+    if prompt.device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    model.generate(prompt, **kw)
+    if prompt.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+@torch.no_grad()
+def generation_latency(models: dict[str, nn.Module], prompt: torch.Tensor, new_tokens: int = 16,
+                       repeats: int = 5) -> dict[str, dict[str, Any]]:
+    """Greedy ``generate`` of ``new_tokens`` (KV cache) after ``prompt`` (1, T) by each model: median
+    seconds of ``repeats`` rounds, the models interleaved within a round (fair under a drifting load)."""
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for model in models.values():
+        _timed_generate(model, prompt, 2)  # warm-up
+    for _ in range(repeats):
+        for name, model in models.items():
+            times[name].append(_timed_generate(model, prompt, new_tokens))
+    out = {}
+    for name, ts in times.items():
+        sec = sorted(ts)[len(ts) // 2]
+        out[name] = {"seconds": sec, "tokens_per_s": new_tokens / sec, "new_tokens": new_tokens,
+                     "prompt_tokens": int(prompt.shape[1]), "repeats": repeats, "device": str(prompt.device)}
+    return out
+
+
+def cost(model: nn.Module, seq_len: int) -> dict[str, int]:
+    """Parameters and forward FLOPs per token at context ``seq_len``: 2 per weight of every linear
+    layer (LM head included) + 2·T·(heads·head_dim) per layer for the causal attention scores and mixing."""
+    n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    layers = find_layers(model)
+    attn = 0
+    for layer in layers:
+        q = next((m for name, m in layer.named_modules() if name.endswith("q_proj")), None)
+        attn += 2 * seq_len * (q.out_features if q is not None else 0)
+    return {"params": n_params, "flops_per_token": 2 * linear + attn, "n_layers": len(layers)}

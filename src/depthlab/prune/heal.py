@@ -1,0 +1,108 @@
+"""Healing: a short continued training of a pruned model, so the blocks left adapt to the gap.
+
+    losses = heal(pruned, tokenizer, HealOptions(data="builtin", steps=200))
+
+Deliberately small (the project's trainer, ``depthlab.train``, is the place for real training): packed
+windows of the *train* split of a depthlab data spec (``builtin``, a file, a directory, a glob,
+``hf:NAME``, token shards), AdamW, linear warm-up then constant learning rate, gradient clipping at 1.0,
+a progress bar. ``mode="full"`` trains every weight; ``mode="lora"`` trains LoRA adapters on the
+attention and MLP projections (needs the PyPI package ``peft``) and merges them back, so the result
+is again a plain model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from depthlab.errors import DepthlabError, choices
+from depthlab.model import IGNORE_INDEX
+from depthlab.prune.export import lm_logits
+
+log = logging.getLogger(__name__)
+
+HEAL_MODES = ("full", "lora")
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class HealOptions:
+    data: str = "builtin"  # a depthlab data spec; its train split is used
+    steps: int = 0
+    mode: str = "full"  # full | lora
+    lr: float = 1e-4
+    batch_size: int = 8
+    seq_len: int = 256
+    warmup: int = 10  # steps of linear warm-up
+    lora_rank: int = 16
+    seed: int = 0
+    progress: bool = True
+
+
+def check_heal(opts: HealOptions) -> None:
+    """Refuse bad healing options before anything is computed."""
+    if opts.mode not in HEAL_MODES:
+        raise DepthlabError(f"unknown --heal {opts.mode!r}; {choices(HEAL_MODES)}")
+    if opts.steps < 0 or opts.batch_size < 1 or opts.seq_len < 2 or opts.lr <= 0:
+        raise DepthlabError("--heal-steps must be >= 0, --heal-lr > 0, --heal-batch-size >= 1 and --seq-len >= 2")
+    if opts.mode == "lora" and opts.steps > 0 and importlib.util.find_spec("peft") is None:
+        raise DepthlabError("--heal lora needs the PyPI package 'peft' (pip install peft); or use --heal full")
+
+
+def _with_lora(model: nn.Module, rank: int) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    targets = [t for t in LORA_TARGETS if t in names]
+    if not targets:
+        raise DepthlabError(f"no LoRA target among the model's linear layers; expected some of {LORA_TARGETS}")
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets))
+
+
+def heal(model: nn.Module, tokenizer: Any, opts: HealOptions) -> tuple[nn.Module, dict[str, Any]]:
+    """Train ``model`` (a depthlab DecoderLM or an HF causal LM) for ``opts.steps`` steps on the train
+    split of ``opts.data``. Returns the healed model (LoRA merged) and the loss curve."""
+    from tqdm.auto import tqdm
+
+    from depthlab.data import load_sequences
+
+    check_heal(opts)
+    if tokenizer is None:
+        raise DepthlabError("healing needs the model's tokenizer to read --data; this model has none")
+    device = next(model.parameters()).device
+    seqs = load_sequences(opts.data, tokenizer, opts.seq_len, split="train", seed=opts.seed)
+    torch.manual_seed(opts.seed)
+    net = _with_lora(model, opts.lora_rank) if opts.mode == "lora" else model
+    params = [p for p in net.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=opts.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / max(1, opts.warmup)))
+    curve, t0 = [], time.perf_counter()
+    net.train()
+    bar = tqdm(range(opts.steps), desc="healing", unit="step", disable=not opts.progress, leave=False,
+               dynamic_ncols=True)
+    for step in bar:
+        x, y = seqs.rank_batch(step, opts.batch_size)
+        logits = lm_logits(net, x.to(device))
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), ignore_index=IGNORE_INDEX)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optim.step()
+        sched.step()
+        curve.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{curve[-1]:.3f}")
+    net.eval()
+    if opts.mode == "lora":
+        net = net.merge_and_unload()
+    wall = time.perf_counter() - t0
+    log.info("healed %d steps in %.1f s (train loss %.3f -> %.3f)", opts.steps, wall,
+             curve[0] if curve else float("nan"), curve[-1] if curve else float("nan"))
+    return net, {"steps": opts.steps, "mode": opts.mode, "lr": opts.lr, "batch_size": opts.batch_size,
+                 "seq_len": opts.seq_len, "data": opts.data, "train_loss": curve, "seconds": round(wall, 2)}

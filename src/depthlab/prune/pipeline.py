@@ -1,0 +1,217 @@
+"""``prune_target``: diagnosis -> choice of blocks -> surgery -> (healing) -> HF export -> checks -> report.
+
+    target = load_target("smollm2")
+    report = prune_target(target, PruneOptions(method="removal", remove=6), "pruned/smollm2-24")
+
+Everything the user can get wrong is checked before any pass over data, and the output directory is
+created only once the blocks are chosen: a bad request or a budget no block fits writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from depthlab.diagnostics.capture import ResidualCapture, find_layers
+from depthlab.diagnostics.removal import joint_removal_loss
+from depthlab.diagnostics.targets import Target
+from depthlab.errors import DepthlabError
+from depthlab.metrics import perplexity
+from depthlab.prune.export import (
+    check_prunable,
+    cost,
+    drop_layers,
+    generation_latency,
+    hf_model_of,
+    lm_logits,
+    verify_export,
+    write_hf,
+)
+from depthlab.prune.heal import HealOptions, check_heal, heal
+from depthlab.prune.select import Selection, Survey, check_blocks, check_method, select_blocks, survey_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PruneOptions:
+    method: str = "removal"  # removal | angular-block | influence (ignored when ``blocks`` is given)
+    remove: int | None = None  # how many blocks to remove
+    budget: float | None = None  # or: the most blocks within this many nats of extra held-out loss
+    blocks: list[int] | None = None  # or: exactly these blocks (1-based)
+    data: str = "builtin"  # held-out text (its val split) for choosing and evaluating; train split for healing
+    tokens: int = 2048  # held-out tokens
+    seq_len: int = 256
+    batch_size: int = 8
+    heal: HealOptions = field(default_factory=HealOptions)
+    latency_tokens: int = 16  # new tokens generated for the latency measurement
+    progress: bool = True
+
+
+def check_options(opts: PruneOptions, n_layers: int) -> None:
+    """Refuse a bad request before any computation (the CLI exits 2 with this one line)."""
+    given = [name for name in ("remove", "budget", "blocks") if getattr(opts, name) is not None]
+    if len(given) != 1:
+        raise DepthlabError("give exactly one of --remove N, --budget NATS, --blocks LIST")
+    check_method(opts.method)
+    if opts.remove is not None and not 1 <= opts.remove < n_layers:
+        raise DepthlabError(f"--remove {opts.remove} is out of range: the model has {n_layers} blocks, so remove "
+                            f"1..{n_layers - 1}")
+    if opts.budget is not None and opts.budget < 0:
+        raise DepthlabError(f"--budget {opts.budget} must be >= 0 nats")
+    if opts.blocks is not None:
+        check_blocks(opts.blocks, n_layers)
+    if opts.tokens < 1 or opts.seq_len < 2 or opts.batch_size < 1:
+        raise DepthlabError("--tokens and --batch-size must be positive and --seq-len at least 2")
+    check_heal(opts.heal)
+
+
+def _held_out(target: Target, opts: PruneOptions):
+    from depthlab.diagnostics.runner import DiagnoseOptions, _Batches
+
+    return _Batches(target, DiagnoseOptions(data=opts.data, split="val", tokens=opts.tokens, seq_len=opts.seq_len,
+                                            batch_size=opts.batch_size))
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="seq", disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+def choose(target: Target, opts: PruneOptions, batches) -> tuple[Survey, Selection]:
+    """Survey the model on held-out text, then pick the blocks; refuses a budget no block fits."""
+    cap = target.capture()
+    n_seq = -(-opts.tokens // opts.seq_len)
+    with _bar(n_seq, "held-out pass", opts.progress) as bar:
+        before = survey_model(cap, batches, bar.update)
+    if opts.blocks is not None:
+        blocks = check_blocks(opts.blocks, cap.n_layers)
+        return before, Selection("user", blocks, joint_removal_loss(cap, batches, blocks))
+    passes = n_seq * (opts.remove or cap.n_layers) if opts.method == "removal" else None
+    with _bar(passes, f"choosing blocks ({opts.method})", opts.progress) as bar:
+        sel = select_blocks(opts.method, cap, batches, before, remove=opts.remove, budget=opts.budget,
+                            on_batch=bar.update)
+    if not sel.removed:
+        raise DepthlabError(f"no block can be removed within --budget {opts.budget:g} nats with method {opts.method} "
+                            f"(held-out loss {before.loss:.4f}); raise the budget")
+    return before, sel
+
+
+def prune_model(model: nn.Module, removed: list[int]) -> nn.Module:
+    """The pruned working model: a depthlab model stays one (each kept block keeps its original depth in
+    ``ModelConfig.block_depths``); an HF model loses its layers (see :func:`drop_layers`)."""
+    from depthlab.model import DecoderLM
+
+    if isinstance(model, DecoderLM):
+        from depthlab.prune.run import drop_blocks
+
+        return drop_blocks(model, removed)
+    return drop_layers(model, removed)
+
+
+def _capture(model: nn.Module) -> ResidualCapture:
+    return ResidualCapture(model, find_layers(model), lambda ids: lm_logits(model, ids))
+
+
+def _probe_ids(batches) -> torch.Tensor:
+    x, _ = next(iter(batches))
+    return x[:2, :64]
+
+
+def _survey(model: nn.Module, batches) -> dict[str, Any]:
+    s = survey_model(_capture(model), batches)
+    return {"loss": s.loss, "ppl": perplexity(s.loss), "tokens": s.tokens, "angular": s.angular, "influence": s.influence}
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
+
+
+def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: str | None = None) -> dict[str, Any]:
+    """Prune ``target`` as ``opts`` says and write the HF checkpoint, ``prune.json`` and ``report.html``
+    into ``out`` (plus ``out/run``, a depthlab run directory, for depthlab models). Returns the report."""
+    from depthlab.prune.report import write_report
+
+    t0 = time.time()
+    out = Path(out)
+    _check_out(out)
+    if not target.causal:
+        raise DepthlabError(f"{target.name!r} is an encoder; depthlab prune needs a causal LM")
+    check_prunable(target.model)
+    L = len(find_layers(target.model))
+    check_options(opts, L)
+    batches = _held_out(target, opts)
+    before, sel = choose(target, opts, batches)
+    ids = _probe_ids(batches)
+    original_hf = hf_model_of(target.model)
+    skip_ref = _capture(target.model).run_without(ids, sel.removed)
+    pruned = prune_model(target.model, sel.removed)
+    with torch.no_grad():
+        skip_diff = float((lm_logits(pruned, ids).float() - skip_ref.float()).abs().max())
+    after = _survey(pruned, batches)
+    healed, heal_info = None, None
+    if opts.heal.steps > 0:
+        healed, heal_info = heal(pruned, target.tokenizer, opts.heal)  # in place: its survey is taken
+    final = healed if healed is not None else pruned
+    final_hf = hf_model_of(final)
+    write_hf(final_hf, out, target.tokenizer, {"pruned_from": str(target.name), "removed_blocks": sel.removed,
+                                               "method": sel.method, "healed_steps": opts.heal.steps})
+    check = verify_export(out, final_hf, ids)
+    report = {
+        "model": {k: v for k, v in target.info.items() if k != "config"},
+        "method": sel.method, "removed_blocks": sel.removed,
+        "numbering": "1-based block numbers of the model given to prune (block l reads x^l; 1 = first block)",
+        "kept_blocks": [l for l in range(1, L + 1) if l not in sel.removed],
+        "removed_depths": _original_depths(target.model, sel.removed),
+        "n_layers": {"original": L, "pruned": L - len(sel.removed)},
+        "selection": {"remove": opts.remove, "budget": opts.budget, "blocks": opts.blocks,
+                      "joint_loss": sel.loss, **sel.details},
+        "data": {"spec": opts.data, "split": "val", "tokens": before.tokens, "seq_len": batches.seq_len},
+        "loss": {"original": before.loss, "pruned": after["loss"], "healed": None},
+        "ppl": {"original": perplexity(before.loss), "pruned": after["ppl"], "healed": None},
+        "angular": {"original": before.angular, "pruned": after["angular"]},
+        "export": {**check, "dir": str(out), "max_abs_logit_diff_vs_skipping_in_original": skip_diff},
+        "cost": {"original": cost(original_hf, batches.seq_len), "pruned": cost(final_hf, batches.seq_len)},
+        "options": {**asdict(opts), "heal": asdict(opts.heal)},
+        "command": command,
+    }
+    if healed is not None:
+        h = _survey(healed, batches)
+        report["loss"]["healed"], report["ppl"]["healed"] = h["loss"], h["ppl"]
+        report["angular"]["healed"] = h["angular"]
+        report["heal"] = heal_info
+    report["latency"] = _latency(original_hf, final_hf, ids, opts.latency_tokens)
+    report["run_dir"] = _maybe_run_dir(target, final, out, report)
+    report["seconds"] = round(time.time() - t0, 2)
+    write_report(report, out)
+    return report
+
+
+def _original_depths(model: nn.Module, removed: list[int]) -> list[int] | None:
+    """For a depthlab model pruned before: the original depths of the removed blocks (else None)."""
+    depths = getattr(getattr(model, "cfg", None), "block_depths", None)
+    return [depths[l - 1] for l in removed] if depths else None
+
+
+def _latency(original: nn.Module, pruned: nn.Module, ids: torch.Tensor, new_tokens: int) -> dict[str, Any]:
+    prompt = ids[:1, : min(16, ids.shape[1])].to(next(pruned.parameters()).device)
+    lat = generation_latency({"original": original, "pruned": pruned}, prompt, new_tokens)
+    return {**lat, "speedup": lat["original"]["seconds"] / lat["pruned"]["seconds"]}
+
+
+def _maybe_run_dir(target: Target, final: nn.Module, out: Path, report: dict[str, Any]) -> str | None:
+    from depthlab.model import DecoderLM
+
+    if target.kind != "depthlab" or not isinstance(final, DecoderLM):
+        return None
+    from depthlab.prune.run import write_run
+
+    return str(write_run(final, target, out / "run", report))

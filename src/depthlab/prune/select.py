@@ -1,0 +1,234 @@
+"""Which blocks to remove: four ways to choose, each from held-out text read once per batch.
+
+    survey = survey_model(cap, batches)                        # loss, all-pairs angular matrix, block influence
+    removed = angular_block(survey.angular, n)                 # Gromov et al. 2024
+    removed = lowest_influence(survey.influence, n)            # ShortGPT
+    path = greedy_removal(cap, batches, n=6)                   # SLEB-style greedy, re-measured after each removal
+
+Block numbers are 1-based positions in the model given (block l reads the residual state x^l).
+
+Methods and their sources:
+
+- ``removal``: greedy, SLEB-style (Song et al. 2024, "SLEB: Streamlining LLMs through Redundancy
+  Verification and Elimination of Transformer Blocks"): remove the block whose removal costs least on
+  held-out text, re-measure with it gone, repeat. depthlab scores a candidate by held-out next-token
+  loss (SLEB uses perplexity: the same order). Each step caches the residual states of the model as
+  pruned so far, so trying block m recomputes only the blocks after m.
+- ``angular-block``: Gromov et al. 2024, "The Unreasonable Ineffectiveness of the Deeper Layers":
+  for n blocks, the contiguous run l..l+n-1 minimising d(x^l, x^{l+n}) = arccos(cos)/pi. The paper
+  measures the angle at the last token of each sequence; depthlab averages it over every held-out
+  token (the matrix :mod:`depthlab.diagnostics.angular` computes). Ties go to the deeper run.
+- ``influence``: ShortGPT's Block Influence (Men et al. 2024, "ShortGPT: Layers in Large Language
+  Models are More Redundant Than You Expect"): BI_l = 1 - E_tokens cos(x^l, x^{l+1}); the n blocks
+  with the lowest BI go. Accumulated as per-block sums, batch by batch: memory does not grow with
+  the number of tokens.
+- ``--blocks``: the user's own choice.
+
+``--budget NATS``: the most blocks whose joint removal keeps the held-out loss within NATS of the
+full model's (for ``removal`` the greedy path stops at the first step over budget; for the others the
+k-th choice is checked jointly, by galloping and bisection over k).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from depthlab.diagnostics.angular import AngularAccumulator
+from depthlab.diagnostics.capture import ResidualCapture
+from depthlab.diagnostics.removal import joint_removal_loss, nll_sum
+from depthlab.errors import DepthlabError, choices
+from depthlab.model import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
+
+METHODS = ("removal", "angular-block", "influence")
+Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
+
+
+class InfluenceAccumulator:
+    """ShortGPT Block Influence: running sums of cos(x^l, x^{l+1}) per block, one row of tokens at a time."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.sum = torch.zeros(n_layers, dtype=torch.float64)
+        self.count = 0
+
+    @torch.no_grad()
+    def update(self, states: Sequence[torch.Tensor]) -> None:
+        for l in range(len(states) - 1):
+            cos = F.cosine_similarity(states[l].float(), states[l + 1].float(), dim=-1)  # (B, T)
+            self.sum[l] += cos.sum(dtype=torch.float64).cpu()
+        self.count += states[0].shape[0] * states[0].shape[1]
+
+    def result(self) -> list[float]:
+        """BI_l = 1 - mean cos(x^l, x^{l+1}), l = 1..L."""
+        if self.count == 0:
+            raise ValueError("no tokens were added")
+        return [1.0 - float(s) / self.count for s in self.sum]
+
+
+@dataclass
+class Survey:
+    """One pass of a model over held-out text."""
+
+    loss: float  # mean next-token loss
+    tokens: int
+    angular: torch.Tensor  # (L+1, L+1) mean arccos(cos)/pi between states
+    influence: list[float]  # BI_l, l = 1..L
+
+
+@torch.no_grad()
+def survey_model(cap: ResidualCapture, batches: Batches, on_batch: Callable[[int], None] | None = None) -> Survey:
+    """Loss, all-pairs angular distance and block influence of the model, in one streaming pass."""
+    angular = AngularAccumulator(cap.n_layers + 1)
+    influence = InfluenceAccumulator(cap.n_layers)
+    total, count = 0.0, 0
+    for x, y in batches:
+        logits, states = cap.run(x)
+        angular.update(states)
+        influence.update(states)
+        s, n = nll_sum(logits, y)
+        total, count = total + s, count + n
+        del logits, states
+        if on_batch is not None:
+            on_batch(x.shape[0])
+    if count == 0:
+        raise DepthlabError("the held-out data gave no tokens to evaluate")
+    return Survey(total / count, count, angular.mean(), influence.result())
+
+
+def angular_block(angular: torch.Tensor, n: int) -> list[int]:
+    """Gromov et al.: blocks l..l+n-1 for the l minimising d(x^l, x^{l+n}); ``angular`` is (L+1, L+1)."""
+    L = angular.shape[0] - 1
+    if not 1 <= n < L:
+        raise ValueError(f"n must lie in 1..{L - 1}, got {n}")
+    best = min(range(1, L - n + 2), key=lambda l: (float(angular[l - 1, l - 1 + n]), -l))
+    return list(range(best, best + n))
+
+
+def lowest_influence(influence: Sequence[float], n: int) -> list[int]:
+    """ShortGPT: the n blocks with the lowest Block Influence (ties: the deeper block)."""
+    order = sorted(range(1, len(influence) + 1), key=lambda l: (influence[l - 1], -l))
+    return sorted(order[:n])
+
+
+@dataclass
+class GreedyStep:
+    block: int  # removed at this step (1-based, numbering of the model given)
+    loss: float  # held-out loss with every block removed so far
+    candidates: dict[int, float] = field(default_factory=dict)  # loss with each candidate removed
+
+
+@torch.no_grad()
+def _greedy_losses(cap: ResidualCapture, batches: Batches, removed: set[int], candidates: list[int],
+                   on_batch: Callable[[int], None] | None) -> dict[int, float]:
+    """Held-out loss of the model without ``removed`` and one candidate, for every candidate."""
+    sums, count = dict.fromkeys(candidates, 0.0), 0
+    for x, y in batches:
+        _, states = cap.run_removed(x, removed)
+        for m in candidates:
+            out = cap.run_skipping(x, states, {m} | {s for s in removed if s > m})
+            sums[m] += nll_sum(out, y)[0]
+            del out
+        count += int((y != IGNORE_INDEX).sum())
+        del states
+        if on_batch is not None:
+            on_batch(x.shape[0])
+    return {m: s / max(count, 1) for m, s in sums.items()}
+
+
+def greedy_removal(cap: ResidualCapture, batches: Batches, n: int | None = None, budget: float | None = None,
+                   base_loss: float | None = None, on_batch: Callable[[int], None] | None = None) -> list[GreedyStep]:
+    """SLEB-style greedy removal: ``n`` steps, or (with ``budget`` and ``base_loss``) as many as stay
+    within ``budget`` nats of ``base_loss``. Returns the steps taken, in order."""
+    L = cap.n_layers
+    steps: list[GreedyStep] = []
+    removed: set[int] = set()
+    limit = n if n is not None else L - 1
+    while len(steps) < limit:
+        losses = _greedy_losses(cap, batches, removed, [m for m in range(1, L + 1) if m not in removed], on_batch)
+        block = min(losses, key=lambda m: (losses[m], -m))
+        if budget is not None and losses[block] - base_loss > budget:
+            break
+        removed.add(block)
+        steps.append(GreedyStep(block, losses[block], losses))
+        log.info("greedy removal: step %d removes block %d (loss %.4f)", len(steps), block, losses[block])
+    return steps
+
+
+def largest_within_budget(choose: Callable[[int], list[int]], loss_of: Callable[[list[int]], float], base: float,
+                          budget: float, max_n: int) -> tuple[int, dict[int, float]]:
+    """The largest k <= ``max_n`` whose choice ``choose(k)`` costs at most ``budget`` nats over
+    ``base`` (galloping then bisection: about 2 log2 k joint evaluations; assumes cost grows with k)."""
+    cache: dict[int, float] = {0: base}
+
+    def ok(k: int) -> bool:
+        if k not in cache:
+            cache[k] = loss_of(choose(k))
+        return cache[k] - base <= budget
+
+    lo, step = 0, 1
+    while lo < max_n and ok(min(lo + step, max_n)):
+        lo, step = min(lo + step, max_n), step * 2
+    hi = min(lo + step, max_n) - 1 if lo < max_n else lo
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo, cache
+
+
+@dataclass
+class Selection:
+    method: str  # removal | angular-block | influence | user
+    removed: list[int]  # 1-based, numbering of the model given
+    loss: float | None = None  # held-out loss with them removed (jointly), when measured
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def check_blocks(blocks: Sequence[int], n_layers: int) -> list[int]:
+    """The user's ``--blocks``: each in 1..L, no repeats, at least one block kept."""
+    bad = [b for b in blocks if not 1 <= b <= n_layers]
+    if bad:
+        raise DepthlabError(f"--blocks {bad[0]} is out of range: the model has blocks 1..{n_layers}")
+    if len(set(blocks)) != len(blocks):
+        raise DepthlabError(f"--blocks names a block twice: {list(blocks)}")
+    if len(blocks) >= n_layers:
+        raise DepthlabError(f"--blocks would remove all {n_layers} blocks; keep at least one")
+    return sorted(blocks)
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise DepthlabError(f"unknown --method {method!r}; {choices(METHODS)}")
+    return method
+
+
+def select_blocks(method: str, cap: ResidualCapture, batches: Batches, survey: Survey, *, remove: int | None = None,
+                  budget: float | None = None, on_batch: Callable[[int], None] | None = None) -> Selection:
+    """The blocks ``method`` removes: ``remove`` of them, or the most within ``budget`` nats."""
+    check_method(method)
+    L = cap.n_layers
+    if method == "removal":
+        steps = greedy_removal(cap, batches, remove, budget, survey.loss, on_batch)
+        path = [{"block": s.block, "loss": s.loss, "candidates": {str(k): v for k, v in s.candidates.items()}}
+                for s in steps]
+        return Selection(method, sorted(s.block for s in steps), steps[-1].loss if steps else survey.loss,
+                         {"greedy_path": path})
+    choose = (lambda k: angular_block(survey.angular, k)) if method == "angular-block" \
+        else (lambda k: lowest_influence(survey.influence, k))
+    details = {"influence": survey.influence} if method == "influence" else {}
+    if remove is not None:
+        removed = choose(remove)
+        return Selection(method, removed, joint_removal_loss(cap, batches, removed), details)
+    k, evaluated = largest_within_budget(choose, lambda s: joint_removal_loss(cap, batches, s), survey.loss,
+                                         budget, L - 1)
+    details["budget_evaluated"] = {str(i): v for i, v in sorted(evaluated.items())}
+    return Selection(method, choose(k) if k else [], evaluated[k], details)

