@@ -128,6 +128,13 @@ CASES = [
     ("compare-out-is-file", ["compare", "--schemes", "pre", "--out", "{ws}/a_file"], "a_file"),
     ("compare-set-scheme", ["compare", "--schemes", "pre", "--set", "scheme=lns", "--out", "{ws}/new"], "scheme"),
     ("compare-preset", ["compare", "--schemes", "pre", "--preset", "llama-1z", "--out", "{ws}/new"], "llama-1z"),
+    # ---- prune
+    ("prune-out-is-file", ["prune", "{ws}/run", "--remove", "1", "--out", "{ws}/a_file"], "a_file"),
+    ("prune-missing-target", ["prune", "{ws}/no-such-run", "--remove", "1", "--out", "{ws}/new"], "no-such-run"),
+    ("prune-too-many", ["prune", "{ws}/run", "--remove", "5", "--device", "cpu", "--out", "{ws}/new"], "5"),
+    ("prune-block-range", ["prune", "{ws}/run", "--blocks", "9", "--device", "cpu", "--out", "{ws}/new"], "9"),
+    ("prune-mismatch", ["prune", "{ws}/mismatch", "--remove", "1", "--device", "cpu", "--out", "{ws}/new"],
+     "mismatch"),
     # ---- evaluate
     ("evaluate-missing-task", ["evaluate", "{ws}/run", "--tasks", "{ws}/nope.jsonl", "--out", "{ws}/new"],
      "nope.jsonl"),
