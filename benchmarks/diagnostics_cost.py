@@ -107,7 +107,8 @@ def main() -> None:
     for _ in range(args.repeats):
         t_sweep, t_naive = min(t_sweep, timed(sweep, dev, 1)), min(t_naive, timed(naive, dev, 1))
         t_plain, t_ang = min(t_plain, timed(plain, dev, 1)), min(t_ang, timed(angular, dev, 1))
-    device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    cpu = f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu
     res = {
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "device": device, "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,

@@ -7,7 +7,8 @@ A *step* is what the trainer does per optimizer step on the preset's CPU default
 ``Evaluator.probe()`` on the fixed probe batch (``probe_batch_size`` held-out sequences), in three
 variants: variance only (what the trainer did before tracking), tracking without removal, full
 tracking; and ``tracking_default``, the trainer's default schedule (removal at every
-``removal_every``-th probe), computed from the two. They run back to back in each round (order rotating), so machine noise hits all; the
+``removal_every``-th probe), computed from the two. They run back to back in each round (order
+rotating), so machine noise hits all; the
 medians give the overhead at the default probe interval (``variance_every = steps // 20``, one extra
 probe at step 0): overhead = (steps // every + 1) · t_probe / (steps · t_step).
 Writes results/tracking_overhead_<device>_<preset>.json with the command, versions and raw timings.

@@ -63,7 +63,8 @@ def test_qwen2_shape_matches_hf_qwen2():
             if name.endswith("bias"):
                 p.normal_(0, 0.5)  # make the q/k/v biases matter
     model = from_hf(hf)
-    assert (model.cfg.qkv_bias, model.cfg.tie_embeddings, model.cfg.rope_theta) == (shape.qkv_bias, shape.tie_embeddings, shape.rope_theta)
+    got = (model.cfg.qkv_bias, model.cfg.tie_embeddings, model.cfg.rope_theta)
+    assert got == (shape.qkv_bias, shape.tie_embeddings, shape.rope_theta)
     assert model.num_params() == d.num_params(model.cfg) == sum(p.numel() for p in hf.parameters())
     ids = torch.randint(0, 150, (2, 25))
     with torch.no_grad():

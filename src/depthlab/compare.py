@@ -105,6 +105,13 @@ def _diagnose_run(cfg: CompareConfig, run_dir: Path, command: str | None) -> dic
     return json.loads((out / "report.json").read_text())
 
 
+def train_and_diagnose(cfg: CompareConfig, scheme: str, seed: int, run_dir: Path, command: str | None) -> str:
+    """One run, trained then diagnosed (what a ``--jobs`` worker does); returns its name."""
+    _train_run(cfg, scheme, seed, run_dir, True, command)
+    _diagnose_run(cfg, run_dir, command)
+    return run_name(scheme, seed)
+
+
 def run_row(scheme: str, seed: int, summary: dict, report: dict) -> dict[str, Any]:
     """One table row, straight from a run's summary.json and its diagnostics report.json."""
     adjacent = report["angular"]["adjacent"]
@@ -167,7 +174,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
 
     todo = [(sc, seed, out / "runs" / run_name(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes
             if not (out / "runs" / run_name(sc, seed) / "diagnostics" / "report.json").is_file()]
-    run_in_parallel(cfg, todo, jobs, command)
+    run_in_parallel(train_and_diagnose, cfg, todo, jobs, command)
     rows, runs = [], {}
     for seed in cfg.seeds:
         for scheme in cfg.schemes:

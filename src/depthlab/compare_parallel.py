@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,6 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _train_and_diagnose(cfg: Any, scheme: str, seed: int, run_dir: Path, command: str | None) -> str:
-    from depthlab.compare import _diagnose_run, _train_run, run_name
-
-    _train_run(cfg, scheme, seed, run_dir, True, command)
-    _diagnose_run(cfg, run_dir, command)
-    return run_name(scheme, seed)
-
-
 def _warm_tokenizer(cfg: Any) -> None:
     """Train (and cache) the runs' BPE tokenizer once, so parallel runs only read it."""
     from depthlab.data import DEFAULT_TOKENIZER, build_tokenizer, is_shard_dir, iter_documents
@@ -43,8 +36,10 @@ def _warm_tokenizer(cfg: Any) -> None:
         build_tokenizer(spec, iter_documents(t.data, "train", t.text_field), cache_dir=t.cache_dir)
 
 
-def run_in_parallel(cfg: Any, todo: list[tuple[str, int, Path]], jobs: int, command: str | None) -> None:
-    """Train and diagnose every (scheme, seed, run_dir) of ``todo``, ``jobs`` at a time."""
+def run_in_parallel(work: Callable[..., str], cfg: Any, todo: list[tuple[str, int, Path]], jobs: int,
+                    command: str | None) -> None:
+    """``work(cfg, scheme, seed, run_dir, command)`` (a module-level function: workers import it by
+    name) for every (scheme, seed, run_dir) of ``todo``, ``jobs`` at a time."""
     if jobs < 2 or len(todo) < 2:
         return
     jobs = min(jobs, len(todo))
@@ -53,6 +48,6 @@ def run_in_parallel(cfg: Any, todo: list[tuple[str, int, Path]], jobs: int, comm
     log.info("training %d runs, %d at a time (%d thread(s) each)", len(todo), jobs, threads)
     ctx = mp.get_context("spawn")  # fresh interpreters: no forked torch thread pools or locks
     with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
-        futures = [pool.submit(_train_and_diagnose, cfg, s, seed, d, command) for s, seed, d in todo]
+        futures = [pool.submit(work, cfg, s, seed, d, command) for s, seed, d in todo]
         for fut in as_completed(futures):
             log.info("%s: trained and diagnosed", fut.result())

@@ -57,7 +57,8 @@ def render(result: dict[str, Any], out: Path, figs: dict[str, str]) -> str:
                         _summary_of(out / result["run_dirs"][f"{r['scheme']}-seed{r['seed']}"])] for r in result["runs"]])
     setup = H.kv_table([("schemes", ", ".join(s["schemes"])), ("preset", s["preset"]),
                         ("model overrides", s["model_overrides"] or None), ("seeds", s["seeds"]),
-                        ("data", t["data"]), ("tokenizer", t["tokenizer"] or "default"), ("steps", t["steps"] or "preset default"),
+                        ("data", t["data"]), ("tokenizer", t["tokenizer"] or "default"),
+                        ("steps", t["steps"] or "preset default"),
                         ("sequence length / batch", f"{t['seq_len'] or 'default'} / {t['batch_size'] or 'default'}"),
                         ("learning rate", t["lr"] or "preset default"),
                         ("diagnosis tokens", s["diagnose"]["tokens"])])

@@ -8,11 +8,14 @@ import html
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
+CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
+color:#222;line-height:1.45}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
 table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:right}
-th{background:#f4f4f4}td.k{text-align:left;font-weight:600}.summary{background:#eef6ee;border-left:4px solid #4a4;padding:.8em 1em;font-size:1.05em}
-img{max-width:100%;border:1px solid #eee;margin:.4em 0}code,pre{background:#f6f6f6;padding:.15em .35em;border-radius:3px;font-size:.88em}
+th{background:#f4f4f4}td.k{text-align:left;font-weight:600}
+.summary{background:#eef6ee;border-left:4px solid #4a4;padding:.8em 1em;font-size:1.05em}
+img{max-width:100%;border:1px solid #eee;margin:.4em 0}
+code,pre{background:#f6f6f6;padding:.15em .35em;border-radius:3px;font-size:.88em}
 pre{padding:.6em;overflow-x:auto;white-space:pre-wrap}.scroll{overflow-x:auto}.muted{color:#777;font-size:.88em}"""
 
 

@@ -95,7 +95,7 @@ def test_angular_pass_memory_does_not_grow_with_tokens(tiny_model):
     samples = []
 
     def stream(n):
-        for k in range(n):
+        for _ in range(n):
             samples.append(_live_tensor_bytes())
             yield torch.randint(300, (8, 32))
 

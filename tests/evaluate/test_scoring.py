@@ -21,7 +21,7 @@ def _tiny():
 
 def test_encode_pair_moves_trailing_space_and_splits_the_whole():
     words = {"Answer:": [1], "Answer:X": [1, 2], "Answer: yes": [1, 3, 4], " yes": [9]}
-    enc = lambda s: words[s]
+    enc = words.__getitem__
     assert encode_pair(enc, "Answer:", " yes", 0) == ([1], [3, 4])  # not encode(" yes") = [9]
     assert encode_pair(enc, "Answer: ", "yes", 0) == ([1], [3, 4])  # the trailing space moved over
     assert encode_pair(lambda s: [5, 6], "", "yes", 7) == ([7], [5, 6])  # empty context: the prefix token

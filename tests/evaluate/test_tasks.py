@@ -17,7 +17,7 @@ def test_each_format_parses_to_the_gold_answer(task_files, fmt):
     task = load_task_file(task_files[fmt])
     assert task.format == fmt and task.name == fmt
     assert [it.gold for it in task.items] == GOLD[fmt]
-    for it, row in zip(task.items, ITEMS[fmt]):
+    for it in task.items:
         assert len(it.contexts) == len(it.continuations) == len(it.choices) == len(it.answer_words)
         assert it.source.startswith(str(task_files[fmt])) and it.instruction
 

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 from depthlab.cli import main
 
 # skipinit: Pre-LN plus 0-dim gains, the parameters FSDP2 cannot shard (kept replicated, grads averaged by us)
-ARGS = ["--scheme", "skipinit", "--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64", "--tokenizer", "bytes",
+ARGS = ["--scheme", "skipinit", "--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64",
+        "--tokenizer", "bytes",
         "--steps", "4", "--batch-size", "8", "--micro-batch-size", "2", "--seq-len", "32", "--eval-tokens", "512",
         "--log-every", "1", "--ckpt-every", "2", "--variance-every", "2", "--no-plots", "-q"]
 

@@ -42,7 +42,8 @@ def add_shared_arguments(p: argparse.ArgumentParser, steps: int | None = None, e
     p.add_argument("--batch-size", type=int, help="global batch in sequences")
     p.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
     p.add_argument("--eval-tokens", type=int, default=eval_tokens,
-                   help=f"held-out tokens per evaluation during training (default: {eval_tokens or 'the preset' + chr(39) + 's'})")
+                   help="held-out tokens per evaluation during training "
+                        f"(default: {eval_tokens or 'the preset' + chr(39) + 's'})")
     p.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated seeds, one run per scheme each (default 0)")
     p.add_argument("--diag-tokens", type=int, default=diag_tokens,
                    help=f"held-out tokens for the diagnostics (default {diag_tokens})")

@@ -70,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("target", metavar="TARGET", help="run dir / checkpoint, preset:NAME, HF dir, .gguf, hub id, smollm2, minilm")
     p.add_argument("--out", default=None, help="output directory (default reports/<target name>)")
-    p.add_argument("--data", default="builtin", help="evaluation text: builtin, a .txt/.jsonl/.parquet, dir, glob, hf:NAME (default builtin)")
+    p.add_argument("--data", default="builtin",
+                   help="evaluation text: builtin, a .txt/.jsonl/.parquet, dir, glob, hf:NAME (default builtin)")
     p.add_argument("--split", default="auto", choices=("auto", "val", "all", "train"),
                    help="split of --data (auto: val for builtin and depthlab runs, else all)")
     p.add_argument("--tokens", type=int, default=None,

@@ -125,7 +125,8 @@ class ResidualCapture:
                 states[i] = _hidden_of(args, kwargs)
                 if keep_calls:
                     kw = args == () or not isinstance(args[0], torch.Tensor)
-                    calls[i] = LayerCall(args if kw else args[1:], {k: v for k, v in kwargs.items() if k != "hidden_states"}, kw, 0)
+                    rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+                    calls[i] = LayerCall(args if kw else args[1:], rest, kw, 0)
             return hook
 
         def post(i: int):

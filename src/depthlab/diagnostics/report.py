@@ -39,9 +39,11 @@ def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
     name = report["model"].get("label") or report["model"]["name"]
     figs: dict[str, Path] = {}
     ang = report["angular"]
-    figs["angular_heatmap"] = P.angular_heatmap(ang["matrix"], out / "angular_heatmap.png", f"Angular distance d(x^l, x^(l+n))\n{name}")
+    figs["angular_heatmap"] = P.angular_heatmap(ang["matrix"], out / "angular_heatmap.png",
+                                                f"Angular distance d(x^l, x^(l+n))\n{name}")
     figs["angular_adjacent"] = P.adjacent_angular(ang["adjacent"], out / "angular_adjacent.png",
-                                                  report["options"]["identity_threshold"], f"Adjacent-layer angular distance\n{name}")
+                                                  report["options"]["identity_threshold"],
+                                                  f"Adjacent-layer angular distance\n{name}")
     var = report["variance"]
     figs["variance"] = P.variance_growth(var["variance"], var["mean_norm"], out / "variance.png", name)
     if "removal" in report:
@@ -58,7 +60,8 @@ def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
         if mats:
             figs["jacobian_heatmaps"] = P.jacobian_heatmaps({l: np.asarray(m) for l, m in mats.items()},
                                                             out / "jacobian_heatmaps.png", report["options"]["heatmap_dims"],
-                                                            f"Token-averaged block Jacobians (first {report['options']['heatmap_dims']} dims)\n{name}")
+                                                            f"Token-averaged block Jacobians (first "
+                                                            f"{report['options']['heatmap_dims']} dims)\n{name}")
     return {k: v.name for k, v in figs.items()}
 
 
@@ -119,14 +122,17 @@ def render_html(report: dict[str, Any], out: Path) -> str:
     name = m.get("label") or m["name"]
     shape = _kv([("model", m["name"]), ("description", m.get("label")), ("source", m.get("source")),
                  ("kind", m.get("kind")), ("architecture", m.get("architecture")), ("scheme", m.get("scheme")),
-                 ("layers", m.get("n_layers")), ("width", m.get("d_model")), ("heads (q / kv)", f"{m.get('n_heads')} / {m.get('n_kv_heads')}"),
+                 ("layers", m.get("n_layers")), ("width", m.get("d_model")),
+                 ("heads (q / kv)", f"{m.get('n_heads')} / {m.get('n_kv_heads')}"),
                  ("FFN", m.get("d_ff")), ("vocabulary", m.get("vocab_size")),
                  ("parameters", f"{m['n_params']:,}" if m.get("n_params") else None),
-                 ("LayerNorm Scaling (HF marker)", m.get("layernorm_scaling")), ("dtype / device", f"{m.get('dtype')} / {m.get('device')}")])
+                 ("LayerNorm Scaling (HF marker)", m.get("layernorm_scaling")),
+                 ("dtype / device", f"{m.get('dtype')} / {m.get('device')}")])
     data = _kv([("data", d["spec"]), ("split", d["split"]), ("tokens evaluated", f"{d['tokens']:,}"
                 + (f" (asked for {d['tokens_requested']:,}; the data holds no more)" if d.get("short") else "")),
                 ("sequence length", d["seq_len"]), ("batch size", d["batch_size"]),
-                ("held-out loss / ppl", f"{report['loss']['loss']:.4f} / {report['loss']['ppl']:.2f}" if "loss" in report else None)])
+                ("held-out loss / ppl",
+                 f"{report['loss']['loss']:.4f} / {report['loss']['ppl']:.2f}" if "loss" in report else None)])
     parts = [f"<h1>Curse-of-Depth diagnostics — {html.escape(name)}</h1>",
              f'<p class="summary">{html.escape(report["summary"])}</p>',
              "<h2>Model</h2>", shape, "<h2>Data</h2>", data,
@@ -145,12 +151,14 @@ def render_html(report: dict[str, Any], out: Path) -> str:
                   _img(out, figs.get("removal"), "removal")]
         if "mc" in report:
             mc = report["mc"]
-            parts.append(f"<p>Multiple choice ({html.escape(mc['file'])}, {mc['items']} items): acc {mc['acc']:.3f}, acc_norm {mc['acc_norm']:.3f}.</p>")
+            parts.append(f"<p>Multiple choice ({html.escape(mc['file'])}, {mc['items']} items): "
+                         f"acc {mc['acc']:.3f}, acc_norm {mc['acc_norm']:.3f}.</p>")
     parts += ["<h2>Variance and residual norm</h2>", _img(out, figs.get("variance"), "variance")]
     jac = report.get("jacobian")
     if jac and jac.get("per_layer"):
         parts += ["<h2>Block Jacobians</h2>",
-                  f"<p>∂y<sub>t</sub>/∂x<sub>t</sub> of each block at {jac['tokens']} sampled tokens (positions {jac.get('positions')}), "
+                  f"<p>∂y<sub>t</sub>/∂x<sub>t</sub> of each block at {jac['tokens']} sampled tokens "
+                  f"(positions {jac.get('positions')}), "
                   "averaged over the tokens; 0 on the left plot = the identity map.</p>",
                   _img(out, figs.get("jacobian_summary"), "jacobian summary"),
                   _img(out, figs.get("jacobian_heatmaps"), "jacobian heatmaps")]

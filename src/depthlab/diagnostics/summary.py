@@ -67,7 +67,8 @@ def summary_sentence(report: dict[str, Any], identity_threshold: float, budget: 
     L = len(adj)
     near = [l for l, d in enumerate(adj, start=1) if d < identity_threshold]
     if near:
-        first = f"{len(near)} of {L} blocks are near-identity (adjacent angular distance < {identity_threshold:g}): blocks {ranges(near)}"
+        first = (f"{len(near)} of {L} blocks are near-identity (adjacent angular distance < {identity_threshold:g}): "
+                 f"blocks {ranges(near)}")
     else:
         low = min(range(L), key=lambda i: adj[i])
         first = (f"no block is near-identity (every adjacent angular distance is >= {identity_threshold:g}; "

@@ -9,7 +9,7 @@ every item must then fit it. Prompts follow lm-evaluation-harness's task yamls (
     openbookqa  question_stem, choices{text,label}, answerKey   "{question_stem}" / choices.text (openbookqa)
     piqa        goal, sol1, sol2, label                         "Question: {goal}\\nAnswer:" / [sol1, sol2] (piqa)
     hellaswag   ctx (or ctx_a + ctx_b), endings, label          preprocess("{activity_label}: {ctx}") / endings (hellaswag)
-    boolq       passage, question, answer (bool)                "{passage}\\nQuestion: {question}?\\nAnswer:" / ["no", "yes"] (boolq)
+    boolq       passage, question, answer (bool)                "{passage}\\nQuestion: {question}?\\nAnswer:" / ["no", "yes"]
     winogrande  sentence (with "_"), option1, option2, answer   partial scoring: context = sentence up to "_" with the
                                                                 option, continuation = the rest (winogrande)
     siqa        context, question, answerA..C, label (1..3)     "Q: {context} {question}\\nA:" / answers (social_iqa)

@@ -158,7 +158,8 @@ def fold_layernorm_scaling(model: nn.Module, inplace: bool = False) -> nn.Module
     RMSNorm(x)·(γ·s)), up to float rounding. Returns a deep copy unless ``inplace=True``.
     Do not keep training the folded model as if it were LNS: the training dynamics differ."""
     if not is_layernorm_scaled(model):
-        hint = " (its config carries the marker: load it with depthlab.hf.load)" if getattr(model.config, CONFIG_KEY, None) else ""
+        marked = getattr(model.config, CONFIG_KEY, None)
+        hint = " (its config carries the marker: load it with depthlab.hf.load)" if marked else ""
         raise DepthlabError("LayerNorm Scaling is not applied to this model; nothing to fold" + hint)
     folded = model if inplace else copy.deepcopy(model)
     scales = [(norm, _hook_scale(norm)) for _, norm in _scaled_norms(folded)]

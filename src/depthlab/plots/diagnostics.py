@@ -55,7 +55,8 @@ def removal_drop(delta_loss: Sequence[float], path: str | Path, base_loss: float
     ax.set_yscale("log")
     ax.set_ylabel("Δ loss (nats, log)")
     ax.grid(alpha=0.3, axis="y")
-    ax.set_title(title or ("Loss increase when one block is removed" + (f" (full model {base_loss:.3f})" if base_loss is not None else "")),
+    full = f" (full model {base_loss:.3f})" if base_loss is not None else ""
+    ax.set_title(title or ("Loss increase when one block is removed" + full),
                  fontsize=10)
     if delta_acc is not None:
         ax2 = axes[1, 0]

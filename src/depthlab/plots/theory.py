@@ -56,7 +56,7 @@ def plot_theory(
         ax = axes[1][0]
         n = len(next(iter(emp_variance.values())))
         _curves(ax, np.arange(1, n), {k: v[1:] for k, v in emp_variance.items()})
-        for name, v in emp_variance.items():  # embedding variance as a reference level
+        for v in emp_variance.values():  # embedding variance as a reference level
             ax.axhline(v[0], color="grey", ls=":", lw=1)
         ax.set(title="Measured residual variance", xlabel="block l (output)", ylabel="Var(h_l)")
         ax.text(0.02, 0.97, "dotted: embedding", transform=ax.transAxes, va="top", fontsize=8, color="grey")
