@@ -29,21 +29,21 @@ from typing import Any, Callable
 from depthlab.compare_parallel import run_in_parallel
 from depthlab.compare_table import COLUMNS, markdown_table
 from depthlab.compare_tracking import compare_tracking_markdown
-from depthlab.config import PRESETS
-from depthlab.configure import from_preset
 from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target, write_report
 from depthlab.diagnostics.tracking import deepest_third
 from depthlab.errors import DepthlabError, choices
+from depthlab.scheme_spec import SchemeSpec, parse_scheme_spec
 from depthlab.schemes import BASELINE_SCHEME, SCHEMES
 from depthlab.train import TrainConfig, list_checkpoints, train
+from depthlab.train.family import family_of, family_of_preset, model_from_preset
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class CompareConfig:
-    schemes: list[str]  # scheme names, e.g. ["pre", "lns"]; BASELINE_SCHEME is the reference for deltas
-    preset: str = "tiny"  # model preset shared by every run
+    schemes: list[str]  # scheme variants, e.g. ["pre", "lns", "lns:position=after-branch"]; BASELINE_SCHEME: deltas
+    preset: str = "tiny"  # model preset shared by every run (an LM or a ViT preset)
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields to change (not scheme)
     seeds: list[int] = field(default_factory=lambda: [0])  # one run per scheme and seed
     train: TrainConfig = field(default_factory=TrainConfig)  # shared training settings (seed set per run)
@@ -52,25 +52,29 @@ class CompareConfig:
     def validate(self) -> None:
         if not self.schemes:
             raise DepthlabError(f"no schemes to compare; {choices(SCHEMES)}")
-        for s in self.schemes:
-            if s not in SCHEMES:
-                raise DepthlabError(f"unknown scheme {s!r}; {choices(SCHEMES)}")
-        dupes = sorted({s for s in self.schemes if self.schemes.count(s) > 1})
+        labels = [spec.label for spec in self.specs()]  # unknown schemes / options fail here, in one line
+        dupes = sorted({s for s in labels if labels.count(s) > 1})
         if dupes:
-            raise DepthlabError(f"scheme(s) listed twice: {', '.join(dupes)}; list each scheme once")
+            raise DepthlabError(f"scheme variant(s) listed twice: {', '.join(dupes)}; list each variant once "
+                                "(options at their defaults are the plain scheme)")
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise DepthlabError(f"seeds must be distinct and non-empty, got {self.seeds}")
-        if self.preset not in PRESETS:
-            raise DepthlabError(f"unknown preset {self.preset!r}; {choices(PRESETS)}")
+        family_of_preset(self.preset)  # an unknown preset names every known one
         if "scheme" in self.model_overrides:
             raise DepthlabError("model_overrides may not set 'scheme': list schemes in `schemes`")
         if self.train.steps is not None and self.train.steps < 1:
             raise DepthlabError(f"steps must be a positive integer, got {self.train.steps}")
         for scheme in self.schemes:  # every model config must be valid before anything is trained
-            self.train.resolve(self.model_config(scheme))
+            model_cfg = self.model_config(scheme)
+            family_of(model_cfg).resolve_train(self.train, model_cfg)
+
+    def specs(self) -> list[SchemeSpec]:
+        return [parse_scheme_spec(s) for s in self.schemes]
 
     def model_config(self, scheme: str):
-        return from_preset(self.preset, scheme=scheme, **self.model_overrides)
+        """The model of one scheme variant (``lns:position=after-branch``): preset, overrides, the variant's options."""
+        spec = parse_scheme_spec(scheme)
+        return model_from_preset(self.preset, **{**self.model_overrides, "scheme": spec.name, **spec.options})
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -79,7 +83,13 @@ class CompareConfig:
 
 
 def run_name(scheme: str, seed: int) -> str:
-    return f"{scheme}-seed{seed}"
+    """The run's key in summary.json (``lns:position=after-branch-seed0``; labels as in the table)."""
+    return f"{parse_scheme_spec(scheme).label}-seed{seed}"
+
+
+def run_dirname(scheme: str, seed: int) -> str:
+    """The run's directory under runs/: a safe name (``lns-position-after-branch-seed0``)."""
+    return f"{parse_scheme_spec(scheme).dirname}-seed{seed}"
 
 
 # ------------------------------------------------------------------------------------- running
@@ -117,8 +127,9 @@ def run_row(scheme: str, seed: int, summary: dict, report: dict) -> dict[str, An
     adjacent = report["angular"]["adjacent"]
     deep = deepest_third(len(adjacent))
     row = {
-        "scheme": scheme, "seed": seed,
-        "eval_loss": summary["eval_loss"], "eval_ppl": summary["eval_ppl"],
+        "scheme": parse_scheme_spec(scheme).label, "seed": seed,
+        "eval_loss": summary["eval_loss"],
+        **{k: summary[k] for k in ("eval_ppl", "eval_acc") if k in summary},  # LM: perplexity; ViT: accuracy
         "last_layer_variance": summary["layer_variance"][-1],
         "deep_angular": statistics.fmean(adjacent[l - 1] for l in deep),
         "deep_blocks": deep,
@@ -126,6 +137,8 @@ def run_row(scheme: str, seed: int, summary: dict, report: dict) -> dict[str, An
     }
     if "removal" in report:
         row["deep_removal_drop"] = statistics.fmean(report["removal"]["delta_loss"][l - 1] for l in deep)
+        if "delta_accuracy" in report["removal"]:
+            row["deep_removal_acc_drop"] = statistics.fmean(report["removal"]["delta_accuracy"][l - 1] for l in deep)
     return row
 
 
@@ -135,8 +148,9 @@ def aggregate(rows: list[dict[str, Any]], schemes: list[str]) -> list[dict[str, 
     baseline = {r["seed"]: r for r in rows if r["scheme"] == BASELINE_SCHEME}
     for r in rows:
         if r["seed"] in baseline:
-            r["delta_ppl_vs_pre"] = r["eval_ppl"] - baseline[r["seed"]]["eval_ppl"]
-            r["delta_loss_vs_pre"] = r["eval_loss"] - baseline[r["seed"]]["eval_loss"]
+            for key in ("eval_ppl", "eval_acc", "eval_loss"):
+                if key in r:
+                    r[f"delta_{key[5:]}_vs_pre"] = r[key] - baseline[r["seed"]][key]
     table = []
     for scheme in schemes:
         mine = [r for r in rows if r["scheme"] == scheme]
@@ -172,22 +186,22 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     out.mkdir(parents=True, exist_ok=True)
     saved_path.write_text(json.dumps({"settings": settings, "command": command}, indent=2) + "\n")
 
-    todo = [(sc, seed, out / "runs" / run_name(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes
-            if not (out / "runs" / run_name(sc, seed) / "diagnostics" / "report.json").is_file()]
+    todo = [(sc, seed, out / "runs" / run_dirname(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes
+            if not (out / "runs" / run_dirname(sc, seed) / "diagnostics" / "report.json").is_file()]
     run_in_parallel(train_and_diagnose, cfg, todo, jobs, command)
     rows, runs = [], {}
     for seed in cfg.seeds:
         for scheme in cfg.schemes:
-            run_dir = out / "runs" / run_name(scheme, seed)
+            run_dir = out / "runs" / run_dirname(scheme, seed)
             summary = _train_run(cfg, scheme, seed, run_dir, quiet, command)
             report = _diagnose_run(cfg, run_dir, command)
             row = run_row(scheme, seed, summary, report)
             rows.append(row)
             runs[run_name(scheme, seed)] = str(run_dir.relative_to(out))
             if on_run is not None:
-                on_run(scheme, seed, row)
+                on_run(row["scheme"], seed, row)
 
-    table = aggregate(rows, cfg.schemes)
+    table = aggregate(rows, [spec.label for spec in cfg.specs()])
     result = {"settings": settings, "command": command, "table": table, "runs": rows, "run_dirs": runs,
               "columns": {k: v[0] for k, v in COLUMNS.items()}}
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -202,7 +216,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
 def _summary_md(cfg: CompareConfig, table: list[dict[str, Any]], command: str | None) -> str:
     t = cfg.train
     return "\n".join([
-        f"# depthlab compare: {', '.join(cfg.schemes)} on {cfg.preset}",
+        f"# depthlab compare: {', '.join(spec.label for spec in cfg.specs())} on {cfg.preset}",
         "",
         f"data `{t.data}`, steps {t.steps or 'preset default'}, seeds {cfg.seeds}; "
         f"deepest third = the last max(1, round(L/3)) blocks.",

@@ -51,9 +51,12 @@ def render(result: dict[str, Any], out: Path, figs: dict[str, str]) -> str:
     keys = shown_columns(result["table"])
     table = H.table(["scheme", *(COLUMNS[k][0] for k in keys)],
                     [[row["scheme"], *(format_cell(row, k) for k in keys)] for row in result["table"]])
-    per_run = H.table(["run", "held-out loss", "ppl", "tokens", "train wall (s)", "diagnosis summary"],
-                      [[f"{r['scheme']} seed {r['seed']}", f"{r['eval_loss']:.4f}", f"{r['eval_ppl']:.2f}",
-                        f"{r['tokens']:,}", f"{r['wall_s']:.0f}",
+    acc = any("eval_acc" in r for r in result["runs"])  # ViT compares: accuracy and images, not ppl and tokens
+    per_run = H.table(["run", "held-out loss", "top-1 acc" if acc else "ppl", "images" if acc else "tokens",
+                       "train wall (s)", "diagnosis summary"],
+                      [[f"{r['scheme']} seed {r['seed']}", f"{r['eval_loss']:.4f}",
+                        f"{r['eval_acc']:.4f}" if acc else f"{r['eval_ppl']:.2f}", f"{r['tokens']:,}",
+                        f"{r['wall_s']:.0f}",
                         _summary_of(out / result["run_dirs"][f"{r['scheme']}-seed{r['seed']}"])] for r in result["runs"]])
     setup = H.kv_table([("schemes", ", ".join(s["schemes"])), ("preset", s["preset"]),
                         ("model overrides", s["model_overrides"] or None), ("seeds", s["seeds"]),

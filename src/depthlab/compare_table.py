@@ -17,9 +17,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "eval_loss": ("held-out loss", "{:.4f}"),
     "eval_ppl": ("perplexity", "{:.2f}"),
     "delta_ppl_vs_pre": (f"Δ ppl vs {BASELINE_SCHEME}", "{:+.2f}"),
+    "eval_acc": ("held-out top-1 accuracy", "{:.4f}"),  # ViTs (classifiers) instead of perplexity
+    "delta_acc_vs_pre": (f"Δ acc vs {BASELINE_SCHEME}", "{:+.4f}"),
     "last_layer_variance": ("last-block output variance", "{:.3g}"),
     "deep_angular": ("angular dist. deepest third", "{:.3f}"),
     "deep_removal_drop": ("removal Δloss deepest third", "{:.4f}"),
+    "deep_removal_acc_drop": ("removal Δacc deepest third", "{:+.4f}"),
 }
 
 #: Cell of a missing (or NaN) value.

@@ -47,6 +47,50 @@ class JsonConfig:
         return cls.from_dict(json.loads(text))
 
 
+def check_positive_ints(obj: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_positive_numbers(obj: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+
+
+class SchemedConfig(JsonConfig):
+    """What every model family's config shares (ModelConfig, ViTConfig): ``n_layers``, ``scheme``,
+    ``scheme_options`` and ``block_depths`` fields, the depths they give, their checks, and ``replace``."""
+
+    @property
+    def depths(self) -> list[int]:
+        """The 1-based depth l of each block: 1..L, or the original depths a pruned model kept."""
+        return list(self.block_depths) if self.block_depths is not None else list(range(1, self.n_layers + 1))
+
+    def check_scheme_fields(self) -> None:
+        if not isinstance(self.scheme_options, dict):
+            raise ConfigError(f"scheme_options must be a dict, got {self.scheme_options!r}")
+        if self.block_depths is not None:
+            d = self.block_depths
+            if len(d) != self.n_layers or any(not isinstance(x, int) or x < 1 for x in d) or sorted(set(d)) != list(d):
+                raise ConfigError(f"block_depths must be {self.n_layers} increasing positive integers, got {d!r}")
+
+    def replace(self, **overrides: Any):
+        """A copy with fields replaced. A new ``scheme`` drops the old scheme's options unless
+        ``scheme_options`` is given too; scheme options by name go through ``depthlab.configure``."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(f"unknown {type(self).__name__} field(s) {unknown}; {choices(sorted(known))} "
+                              "(scheme options: depthlab.configure(cfg, name=value))")
+        if "scheme" in overrides and overrides["scheme"] != self.scheme and "scheme_options" not in overrides:
+            overrides["scheme_options"] = {}
+        return dataclasses.replace(self, **overrides)
+
+
 #: Scheme options that were flat ModelConfig fields before the registry owned them, with their old
 #: defaults. ``from_dict`` moves a saved non-default value into ``scheme_options`` (the registry knows
 #: these names as option aliases) and drops the defaults, so run directories written earlier still load.
@@ -55,7 +99,7 @@ _FORMER_FIELDS: dict[str, Any] = {"lns_position": "after-norm", "mix_alpha": 0.2
 
 
 @dataclass
-class ModelConfig(JsonConfig):
+class ModelConfig(SchemedConfig):
     """A LLaMA-style decoder: its shape, and the name and options of its normalization scheme.
 
     The config validates shapes only; the scheme name and its options are validated by the registry
@@ -95,17 +139,9 @@ class ModelConfig(JsonConfig):
     def dim_head(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
 
-    @property
-    def depths(self) -> list[int]:
-        """The 1-based depth l of each block: 1..L, or the original depths a pruned model kept."""
-        return list(self.block_depths) if self.block_depths is not None else list(range(1, self.n_layers + 1))
-
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len"))
         if self.head_dim is None and self.d_model % self.n_heads:
             raise ConfigError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
@@ -115,16 +151,8 @@ class ModelConfig(JsonConfig):
             raise ConfigError(f"head size {self.dim_head} must be even for RoPE")
         if self.n_heads % self.kv_heads:
             raise ConfigError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.kv_heads}")
-        for name in ("norm_eps", "init_std", "rope_theta"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
-        if not isinstance(self.scheme_options, dict):
-            raise ConfigError(f"scheme_options must be a dict, got {self.scheme_options!r}")
-        if self.block_depths is not None:
-            d = self.block_depths
-            if len(d) != self.n_layers or any(not isinstance(x, int) or x < 1 for x in d) or sorted(set(d)) != list(d):
-                raise ConfigError(f"block_depths must be {self.n_layers} increasing positive integers, got {d!r}")
+        check_positive_numbers(self, ("norm_eps", "init_std", "rope_theta"))
+        self.check_scheme_fields()
 
     # ------------------------------------------------------------------ JSON / copies
     @classmethod
@@ -135,18 +163,6 @@ class ModelConfig(JsonConfig):
         if moved:
             data["scheme_options"] = {**moved, **data.get("scheme_options", {})}
         return super().from_dict(data)
-
-    def replace(self, **overrides: Any) -> "ModelConfig":
-        """A copy with fields replaced. A new ``scheme`` drops the old scheme's options unless
-        ``scheme_options`` is given too; scheme options by name go through ``depthlab.configure``."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ConfigError(f"unknown ModelConfig field(s) {unknown}; {choices(sorted(known))} "
-                              "(scheme options: depthlab.configure(cfg, name=value))")
-        if "scheme" in overrides and overrides["scheme"] != self.scheme and "scheme_options" not in overrides:
-            overrides["scheme_options"] = {}
-        return dataclasses.replace(self, **overrides)
 
 
 def _llama(n_layers: int, d_model: int, n_heads: int, d_ff: int) -> dict[str, Any]:

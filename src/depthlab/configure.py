@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from depthlab.config import PRESETS, ModelConfig
+from depthlab.config import PRESETS, ModelConfig, SchemedConfig
 from depthlab.errors import ConfigError, choices
 from depthlab.schemes import SCHEMES, get_scheme
 
 __all__ = ["from_preset", "configure", "checked", "scheme_option"]
 
 
-def checked(cfg: ModelConfig) -> ModelConfig:
+def checked(cfg: SchemedConfig) -> SchemedConfig:
     """``cfg`` with its scheme and options validated by the registry and stored canonically."""
     scheme = get_scheme(cfg.scheme)
     canonical = scheme.canonical(cfg.scheme_options)
@@ -29,9 +29,9 @@ def checked(cfg: ModelConfig) -> ModelConfig:
     return cfg
 
 
-def configure(base: ModelConfig, **overrides: Any) -> ModelConfig:
-    """``base`` with fields and scheme options replaced, checked."""
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+def configure(base: SchemedConfig, **overrides: Any) -> SchemedConfig:
+    """``base`` (a ModelConfig, a ViTConfig, ...) with fields and scheme options replaced, checked."""
+    fields = {f.name for f in dataclasses.fields(type(base))}
     field_overrides = {k: v for k, v in overrides.items() if k in fields}
     option_overrides = {k: v for k, v in overrides.items() if k not in fields}
     cfg = base.replace(**field_overrides)
@@ -41,8 +41,8 @@ def configure(base: ModelConfig, **overrides: Any) -> ModelConfig:
         if key not in own and not _is_foreign_default(key, value):
             takers = [n for n, s in SCHEMES.items() if any(key in (o.name, o.alias) for o in s.options)]
             where = f"an option of schemes {', '.join(takers)}" if takers else "an option of any scheme"
-            raise ConfigError(f"unknown setting {key!r} (= {value!r}) for scheme {cfg.scheme!r}: not a ModelConfig "
-                              f"field ({', '.join(sorted(fields))}), and {where}")
+            raise ConfigError(f"unknown setting {key!r} (= {value!r}) for scheme {cfg.scheme!r}: not a "
+                              f"{type(base).__name__} field ({', '.join(sorted(fields))}), and {where}")
     options = {**cfg.scheme_options, **own}
     return checked(dataclasses.replace(cfg, scheme_options=scheme.canonical(options)))
 

@@ -13,6 +13,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from depthlab.nn.mlp import GeluMLP, SwiGLU
+
 InitRule = Callable[[nn.Module], None]
 
 
@@ -27,8 +29,26 @@ def _base(model: nn.Module, std: float) -> None:
             module.reset_parameters()  # RMSNorm, LayerNorm, DyT, gains: their own initial values
 
 
+def ffn_out_projections(ffn: nn.Module) -> list[nn.Linear]:
+    """The feed-forward's output projection(s): SwiGLU ``down_proj``, GELU MLP ``fc2``."""
+    if isinstance(ffn, SwiGLU):
+        return [ffn.down_proj]
+    if isinstance(ffn, GeluMLP):
+        return [ffn.fc2]
+    raise TypeError(f"no init rule knows the projections of a {type(ffn).__name__}")
+
+
+def ffn_in_projections(ffn: nn.Module) -> list[nn.Linear]:
+    """The feed-forward's input projection(s): SwiGLU ``gate_proj`` and ``up_proj``, GELU MLP ``fc1``."""
+    if isinstance(ffn, SwiGLU):
+        return [ffn.gate_proj, ffn.up_proj]
+    if isinstance(ffn, GeluMLP):
+        return [ffn.fc1]
+    raise TypeError(f"no init rule knows the projections of a {type(ffn).__name__}")
+
+
 def _output_projections(block: nn.Module) -> list[nn.Linear]:
-    return [block.attn.o_proj, block.ffn.down_proj]
+    return [block.attn.o_proj, *ffn_out_projections(block.ffn)]
 
 
 def init_normal(model: nn.Module) -> None:
@@ -70,5 +90,5 @@ def init_deepnorm(model: nn.Module) -> None:
         a, f = block.attn, block.ffn
         for lin in (a.q_proj, a.k_proj):
             nn.init.xavier_normal_(lin.weight, gain=1.0)
-        for lin in (a.v_proj, a.o_proj, f.gate_proj, f.up_proj, f.down_proj):
+        for lin in (a.v_proj, a.o_proj, *ffn_in_projections(f), *ffn_out_projections(f)):
             nn.init.xavier_normal_(lin.weight, gain=beta)

@@ -86,6 +86,10 @@ class DecoderLM(nn.Module):
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
         return LMOutput(logits, loss, tuple(hidden) if hidden is not None else None)
 
+    def profile_input(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Random model inputs for profiling passes at init (Admin): ``batch`` rows of token ids."""
+        return torch.randint(self.cfg.vocab_size, (batch, min(128, self.cfg.max_seq_len)), generator=generator)
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 

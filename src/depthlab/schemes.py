@@ -284,15 +284,17 @@ def admin_profile(model: nn.Module) -> None:
     """Admin (Liu et al. 2020): set omega_i^2 = sum_{j<i} Var f_j from one profiling forward pass.
 
     Branches are numbered in execution order (attn_1, ffn_1, attn_2, ...); f_0 is the unit-variance
-    normalised stream, so omega_1 = 1. Runs on random tokens at init; the omegas stay learnable.
+    normalised stream, so omega_1 = 1. Runs at init on random inputs the model draws itself
+    (``model.profile_input(batch, generator)``: token ids for a decoder, pixels for a ViT); the omegas
+    stay learnable.
     """
     variances: list[float] = []
     branches = [m for block in model.blocks for m in (block.attn, block.ffn)]
     hooks = [b.register_forward_hook(lambda _m, _i, out: variances.append(out.float().var().item())) for b in branches]
     try:
         gen = torch.Generator().manual_seed(0)
-        tokens = torch.randint(model.cfg.vocab_size, (4, min(128, model.cfg.max_seq_len)), generator=gen)
-        model(tokens.to(next(model.parameters()).device))
+        inputs = model.profile_input(4, gen)
+        model(inputs.to(next(model.parameters()).device))
     finally:
         for h in hooks:
             h.remove()

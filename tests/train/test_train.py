@@ -129,9 +129,9 @@ def test_interrupted_checkpoint_write_is_never_loaded(tmp_path, monkeypatch):
 
 
 def test_nan_loss_stops_naming_the_step(tmp_path, monkeypatch, capsys):
-    import depthlab.train.loop as loop
+    import depthlab.model as models  # the LM family builds through depthlab.model.build_model
 
-    real_build = loop.build_model
+    real_build = models.build_model
     calls = {"n": 0}
 
     def poisoned_build(cfg, device=None):
@@ -147,7 +147,7 @@ def test_nan_loss_stops_naming_the_step(tmp_path, monkeypatch, capsys):
         model.lm_head.register_forward_hook(hook)
         return model
 
-    monkeypatch.setattr(loop, "build_model", poisoned_build)
+    monkeypatch.setattr(models, "build_model", poisoned_build)
     with pytest.raises(TrainingDiverged, match="at step 4") as err:
         train(small_model(), small_train(), tmp_path / "a", quiet=True)
     assert err.value.step == 4 and err.value.checkpoint.name == "step-00000003"
@@ -249,11 +249,11 @@ def test_cli_tokenize_then_train_on_shards(tmp_path, capsys):
 
 def test_same_seed_same_data_and_init_whatever_the_scheme(tmp_path, monkeypatch):
     """compare relies on it: pre and lns runs see the same batches and start from the same weights."""
-    import depthlab.train.loop as loop
+    import depthlab.model as models  # the LM family builds through depthlab.model.build_model
     from depthlab.data.batches import TokenSequences
 
     seen, inits = {}, {}
-    real_batch, real_build = TokenSequences.rank_batch, loop.build_model
+    real_batch, real_build = TokenSequences.rank_batch, models.build_model
 
     def spy_batch(self, step, *a, **k):
         out = real_batch(self, step, *a, **k)
@@ -266,7 +266,7 @@ def test_same_seed_same_data_and_init_whatever_the_scheme(tmp_path, monkeypatch)
         return model
 
     monkeypatch.setattr(TokenSequences, "rank_batch", spy_batch)
-    monkeypatch.setattr(loop, "build_model", spy_build)
+    monkeypatch.setattr(models, "build_model", spy_build)
     current = {}
     for scheme in ("pre", "lns"):
         current["scheme"] = scheme

@@ -11,6 +11,9 @@ examples:
   depthlab compare --schemes pre,lns --preset tiny --steps 300 --out cmp/tiny
   depthlab compare --schemes pre,lns,mix,post --preset llama-71m --data my.jsonl --steps 5000 --out cmp/71m
   depthlab compare --schemes pre,lns --seeds 0,1,2 --set n_layers=24 --out cmp/deep
+  depthlab compare --schemes lns,lns:position=after-branch,lns:position=before-norm --out cmp/positions
+  depthlab compare --preset vit-tiny --data digits --schemes pre,layerscale,lns:position=after-branch,lns \
+      --steps 600 --out cmp/vit           # ViTs: held-out top-1 accuracy instead of perplexity
 
 Every scheme gets the same seed, data order, token budget and hyper-parameters. Writes summary.json,
 summary.md (the paper's Table 1 shape), figures and report.html in --out; runs/<scheme>-seed<k>/ holds
@@ -34,7 +37,8 @@ def _seeds(text: str) -> list[int]:
 def add_shared_arguments(p: argparse.ArgumentParser, steps: int | None = None, eval_tokens: int | None = None,
                          diag_tokens: int = 16384, jobs: int = 1) -> None:
     """Flags shared by ``compare`` and ``demo`` (which passes its own defaults)."""
-    p.add_argument("--data", default="builtin", help="training corpus (default builtin: the King James Bible)")
+    p.add_argument("--data", help="training data (default builtin: the King James Bible; ViT presets: digits, "
+                   "or a folder of class sub-folders, or hf:NAME)")
     p.add_argument("--tokenizer", help="bytes | bpe:N | hf:NAME (default bpe:4096)")
     p.add_argument("--steps", type=int, default=steps,
                    help=f"optimizer steps per run (default: {steps or 'the preset' + chr(39) + 's'})")
@@ -57,8 +61,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="train + diagnose several schemes side by side (paper Table 1)",
                               description=__doc__ + "\n\n" + USAGE, epilog=schemes_epilog(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--schemes", type=_csv, required=True, help="comma-separated schemes, e.g. pre,lns,mix,post")
-    p.add_argument("--preset", default="tiny", help="model preset (default tiny)")
+    p.add_argument("--schemes", type=_csv, required=True,
+                   help="comma-separated scheme variants NAME[:KEY=VALUE...], e.g. pre,lns,lns:position=after-branch")
+    p.add_argument("--preset", default="tiny", help="model preset (default tiny), an LM preset or vit-tiny / vit-s")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="model_set",
                    help="override a ModelConfig field for every run, e.g. --set n_layers=24")
     add_shared_arguments(p)
@@ -71,8 +76,10 @@ def build_config(args, schemes: list[str], preset: str, model_set: list[str] | N
     from depthlab.compare import CompareConfig
     from depthlab.diagnostics import DiagnoseOptions
     from depthlab.train import TrainConfig
+    from depthlab.train.family import family_of_preset
 
-    train = TrainConfig(data=args.data, tokenizer=args.tokenizer, steps=args.steps, seq_len=args.seq_len,
+    data = args.data or ("digits" if family_of_preset(preset).name == "vit" else "builtin")
+    train = TrainConfig(data=data, tokenizer=args.tokenizer, steps=args.steps, seq_len=args.seq_len,
                         batch_size=args.batch_size, lr=args.lr, eval_tokens=args.eval_tokens, device=args.device)
     diag = DiagnoseOptions(tokens=args.diag_tokens, jacobian=args.jacobian, progress=False)
     return CompareConfig(schemes=schemes, preset=preset, model_overrides=parse_overrides(model_set), seeds=args.seeds,
@@ -88,8 +95,9 @@ def run_and_print(cfg, out: str, command: str, jobs: int = 1) -> int:
     from depthlab.train.lock import RunLock
 
     def progress(scheme: str, seed: int, row: dict) -> None:
-        logging.getLogger("depthlab").info("done %s seed %d: held-out loss %.4f, ppl %.2f", scheme, seed,
-                                           row["eval_loss"], row["eval_ppl"])
+        metric = f"ppl {row['eval_ppl']:.2f}" if "eval_ppl" in row else f"top-1 {100 * row['eval_acc']:.2f} %"
+        logging.getLogger("depthlab").info("done %s seed %d: held-out loss %.4f, %s", scheme, seed,
+                                           row["eval_loss"], metric)
 
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)  # to lock it; the CLI removes it again if the compare fails at once

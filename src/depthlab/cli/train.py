@@ -14,6 +14,7 @@ examples:
   depthlab train --preset tiny --scheme lns --data builtin --steps 300 --out runs/lns
   depthlab train --preset tiny --scheme pre --set n_layers=8 --data corpus.jsonl --text-field body --out runs/pre
   depthlab train --resume runs/lns                       # continue from the latest checkpoint
+  depthlab train --preset vit-tiny --scheme lns --set lns_position=after-branch --data digits --out runs/vit
   torchrun --nproc_per_node 8 -m depthlab train --preset llama-130m --scheme lns \\
       --data hf:allenai/c4:en --tokenizer hf:t5-base --seq-len 256 --batch-size 512 --dist fsdp --out runs/130m
 
@@ -35,12 +36,14 @@ def register(subparsers) -> None:
                               description=__doc__ + "\n\n" + USAGE, epilog=schemes_epilog(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     m = p.add_argument_group("model")
-    m.add_argument("--preset", help="model preset (default tiny); see depthlab.PRESETS")
+    m.add_argument("--preset", help="model preset (default tiny): an LM preset (depthlab.PRESETS) or a ViT preset "
+                   "(vit-tiny, vit-s; then --data digits | IMAGE_DIR | hf:NAME)")
     m.add_argument("--scheme", help=scheme_help())
     m.add_argument("--set", action="append", metavar="KEY=VALUE", dest="model_set",
                    help="override a ModelConfig field or a scheme option, e.g. --set n_layers=8 (repeatable)")
     d = p.add_argument_group("data")
-    d.add_argument("--data", help="builtin | file.txt/.jsonl/.parquet | dir | glob | hf:NAME[:CONFIG] | token-shard dir")
+    d.add_argument("--data", help="builtin | file.txt/.jsonl/.parquet | dir | glob | hf:NAME[:CONFIG] | token-shard "
+                   "dir; ViT presets: digits | folder of class sub-folders | hf:NAME")
     d.add_argument("--val-data", help="explicit held-out source (default: held-out split of --data)")
     d.add_argument("--text-field", help="text field of .jsonl/.parquet/hf data (default text)")
     d.add_argument("--tokenizer", help="bytes | bpe:N | hf:NAME_OR_PATH (default bpe:4096)")
@@ -92,10 +95,9 @@ def register(subparsers) -> None:
 
 def build_configs(args):
     """(ModelConfig, TrainConfig, out_dir, resume) from parsed args (saved config when resuming)."""
-    from depthlab.config import ModelConfig
-    from depthlab.configure import configure, from_preset
     from depthlab.errors import DepthlabError
     from depthlab.train import TrainConfig
+    from depthlab.train.family import family_named, model_config_from_saved, model_from_preset
 
     resume = args.resume is not None
     if resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
@@ -114,15 +116,16 @@ def build_configs(args):
         if not cfg_path.is_file():
             raise DepthlabError(f"cannot resume {out!r}: no config.json there (not a run directory)")
         saved = json.loads(cfg_path.read_text())
+        family = family_named(saved.get("family"))  # LM or ViT, as the run recorded
         if args.preset:
-            model_cfg = from_preset(args.preset, **{"scheme": saved["model"]["scheme"], **scheme, **overrides})
+            model_cfg = model_from_preset(args.preset, **{"scheme": saved["model"]["scheme"], **scheme, **overrides})
         elif args.scheme or overrides:
-            model_cfg = configure(ModelConfig.from_dict(saved["model"]), **{**scheme, **overrides})
+            model_cfg = family.configure(model_config_from_saved(saved), **{**scheme, **overrides})
         else:
-            model_cfg = ModelConfig.from_dict(saved["model"])
+            model_cfg = model_config_from_saved(saved)
         train_cfg = TrainConfig.from_dict({**saved["train"], **given})
     else:
-        model_cfg = from_preset(args.preset or "tiny", **{**scheme, **overrides})
+        model_cfg = model_from_preset(args.preset or "tiny", **{**scheme, **overrides})
         train_cfg = TrainConfig(**given)
     return model_cfg, train_cfg, out, resume
 
@@ -154,7 +157,10 @@ def run(args) -> int:
 
             run_figures(out)
         lv = summary["layer_variance"]
-        print(f"{out}: eval loss {summary['eval_loss']:.4f}, ppl {summary['eval_ppl']:.2f}, "
-              f"last-block variance {lv[-1]:.3g}, {summary['tokens']} tokens in {summary['wall_s']:.1f}s "
-              f"({summary['tokens_per_s']:.0f} tok/s)")
+        headline = f"ppl {summary['eval_ppl']:.2f}" if "eval_ppl" in summary else \
+            f"top-1 accuracy {100 * summary['eval_acc']:.2f} %"
+        unit = "tokens" if "eval_ppl" in summary else "images"
+        print(f"{out}: eval loss {summary['eval_loss']:.4f}, {headline}, "
+              f"last-block variance {lv[-1]:.3g}, {summary['tokens']} {unit} in {summary['wall_s']:.1f}s "
+              f"({summary['tokens_per_s']:.0f} {'tok' if unit == 'tokens' else 'img'}/s)")
     return 0

@@ -42,10 +42,11 @@ def _get_path(obj: Any, path: str) -> Any:
 
 
 def find_layers(model: nn.Module) -> nn.ModuleList:
-    """The ordered residual blocks of a depthlab ``DecoderLM`` or a Hugging Face model."""
+    """The ordered residual blocks of a depthlab ``DecoderLM`` or ``ViT``, or of a Hugging Face model."""
     from depthlab.model import DecoderLM
+    from depthlab.vit.model import ViT
 
-    if isinstance(model, DecoderLM):
+    if isinstance(model, (DecoderLM, ViT)):
         return model.blocks
     for root in (getattr(model, "base_model", None), model):
         if root is None:

@@ -20,10 +20,16 @@ from depthlab.metrics import perplexity
 
 
 def nll_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
-    """Summed next-token cross-entropy (float64 total) and the number of counted labels (!= IGNORE_INDEX)."""
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=IGNORE_INDEX,
-                           reduction="sum")
+    """Summed cross-entropy (float64 total) and the number of counted labels (!= IGNORE_INDEX): next-token
+    logits (B, T, V) with labels (B, T), or a classifier's logits (B, C) with labels (B,)."""
+    flat = logits.float() if logits.dim() == 2 else logits.flatten(0, 1).float()
+    loss = F.cross_entropy(flat, labels.flatten().to(logits.device), ignore_index=IGNORE_INDEX, reduction="sum")
     return float(loss), int((labels != IGNORE_INDEX).sum())
+
+
+def top1_hits(logits: torch.Tensor, labels: torch.Tensor) -> int:
+    """Correct top-1 predictions of a classifier's (B, C) logits."""
+    return int((logits.argmax(-1) == labels.to(logits.device)).sum())
 
 
 class RemovalAccumulator:
@@ -34,6 +40,7 @@ class RemovalAccumulator:
         self.base = 0.0
         self.removed = [0.0] * n_layers
         self.count = 0
+        self.correct: list[int] | None = None  # classifiers ((B, C) logits): top-1 hits, full model, then block l out
 
     @torch.no_grad()
     def update(self, capture: ResidualCapture, input_ids: torch.Tensor, labels: torch.Tensor,
@@ -41,9 +48,14 @@ class RemovalAccumulator:
         total, n = nll_sum(logits, labels)
         self.base += total
         self.count += n
+        if logits.dim() == 2:
+            self.correct = self.correct or [0] * (self.n_layers + 1)
+            self.correct[0] += top1_hits(logits, labels)
         for l in range(1, self.n_layers + 1):
             out = capture.run_skipping(input_ids, states, {l})
             self.removed[l - 1] += nll_sum(out, labels)[0]
+            if self.correct is not None:
+                self.correct[l] += top1_hits(out, labels)
             del out
             if on_layer is not None:
                 on_layer()
@@ -60,7 +72,15 @@ class RemovalAccumulator:
             "ppl": [perplexity(x) for x in loss],
             "delta_loss": [x - base for x in loss],
             "tokens": self.count,
+            **self._accuracy(),
         }
+
+    def _accuracy(self) -> dict[str, Any]:
+        """Top-1 accuracy with each block removed, for classifiers (empty for LMs)."""
+        if self.correct is None:
+            return {}
+        acc = [c / self.count for c in self.correct]
+        return {"base_accuracy": acc[0], "accuracy": acc[1:], "delta_accuracy": [a - acc[0] for a in acc[1:]]}
 
 
 @torch.no_grad()

@@ -108,10 +108,10 @@ def diagnose(target: Target, opts: DiagnoseOptions | None = None, command: str |
     t0 = time.time()
     cap = target.capture()
     L = cap.n_layers
-    batches = _Batches(target, opts)
+    batches = target.batches_for(opts) if target.batches_for is not None else _Batches(target, opts)
     streamed = _stream(cap, batches, target, opts)
     report = _stream_report(streamed, target, opts, batches, command)
-    if opts.mc and target.causal:
+    if opts.mc and target.causal and target.tokenizer is not None:
         report["mc"] = _mc(cap, target, opts, L)
     if opts.jacobian:
         jac = _jacobians(cap, streamed.jac_seqs, batches.seq_len, opts, L)

@@ -49,10 +49,11 @@ class Target:
 
     model: nn.Module
     name: str  # what the user named
-    kind: str  # "depthlab" | "hf-causal-lm" | "hf-encoder"
+    kind: str  # "depthlab" | "depthlab-vit" | "hf-causal-lm" | "hf-encoder"
     tokenizer: Any  # depthlab.data.Tokenizer (encode, eos_id, pad_id) or None
     info: dict[str, Any] = field(default_factory=dict)  # shape and provenance for the report
     max_seq_len: int | None = None  # longest input the model accepts (None: unbounded)
+    batches_for: Callable[[Any], Any] | None = None  # opts -> its own held-out batches (ViT runs: images)
 
     @property
     def causal(self) -> bool:
@@ -64,7 +65,7 @@ class Target:
 
     def forward_fn(self) -> Callable[[torch.Tensor], torch.Tensor | None]:
         model = self.model
-        if self.kind == "depthlab":
+        if self.kind in ("depthlab", "depthlab-vit"):
             return lambda ids: model(ids).logits
         if self.kind == "hf-causal-lm":
             return lambda ids: model(input_ids=ids, use_cache=False).logits
@@ -227,6 +228,11 @@ def _local(path: Path, name: str, dtype: torch.dtype) -> Target:
         from depthlab.train import load_run
 
         model, tokenizer, config = load_run(path)
+        if config.get("family") == "vit":
+            from depthlab.diagnostics.images import vit_run_parts
+
+            info, batches = vit_run_parts(path, model, config)
+            return Target(model, name, "depthlab-vit", None, info, model.cfg.seq_len, batches_for=batches)
         cfg = model.cfg
         info = {"source": f"depthlab run {path}", "architecture": "depthlab.DecoderLM", "scheme": cfg.scheme,
                 "scheme_options": cfg.scheme_options, "n_layers": cfg.n_layers, "d_model": cfg.d_model,

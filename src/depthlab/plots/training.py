@@ -61,14 +61,16 @@ TRACKED_LABELS = {
 }
 
 
-def depth_tracking(steps: Sequence[int], series: dict[str, Sequence[Sequence[float | None]]], path: str | Path,
+def depth_tracking(series: dict[str, tuple[Sequence[int], Sequence[Sequence[float | None]]]], path: str | Path,
                    title: str = "") -> Path:
     """One block × step heatmap per tracked quantity: how much each block does as training goes on.
-    ``series[key]`` holds, per probe step, the L values of that quantity (None: not measured)."""
-    keys = [k for k in TRACKED_LABELS if k in series]
+    ``series[key] = (steps, rows)``: the probe steps that measured it (the removal sweep runs at every
+    few probes only) and, per step, its L values (None: not measured)."""
+    keys = [k for k in TRACKED_LABELS if k in series and len(series[k][0]) > 1]
     fig, axes = subplots(1, len(keys), figsize=(3.3 * len(keys), 3.6), squeeze=False)
     for ax, key in zip(axes[0], keys):
-        v = np.array([[np.nan if x is None else x for x in row] for row in series[key]], dtype=float).T  # (L, n)
+        steps, rows = series[key]
+        v = np.array([[np.nan if x is None else x for x in row] for row in rows], dtype=float).T  # (L, n)
         log = key == "layer_variance"
         shown = np.log10(np.clip(v, 1e-12, None)) if log else v
         im = ax.imshow(shown, aspect="auto", origin="lower", cmap="magma",
@@ -94,9 +96,8 @@ def run_figures(run_dir: str | Path) -> list[Path]:
                                   run_dir / "layer_variance.png", f"Layerwise output variance ({scheme})"))
     tracked = [l for l in lines if "layer_angular" in l]
     if len(tracked) > 1:
-        out.append(depth_tracking([l["step"] for l in tracked],
-                                  {k: [l[k] for l in tracked] for k in TRACKED_LABELS if k in tracked[0]},
-                                  run_dir / "depth_tracking.png", f"Depth over training ({scheme})"))
+        series = {k: ([l["step"] for l in tracked if k in l], [l[k] for l in tracked if k in l]) for k in TRACKED_LABELS}
+        out.append(depth_tracking(series, run_dir / "depth_tracking.png", f"Depth over training ({scheme})"))
     tr = [l for l in lines if "loss" in l]
     ev = [l for l in lines if "eval_loss" in l]
     if tr:

@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from depthlab.config import ModelConfig
 from depthlab.errors import DepthlabError, first_line
 from depthlab.train.integrity import first_nonfinite, sha256_file
 
@@ -263,11 +262,12 @@ def load_run(path: str | Path, device: str | torch.device | None = None):
     checkpoint. The model is rebuilt with the scheme its config names; weights whose recorded scheme
     differs from it are refused, never loaded into another architecture."""
     from depthlab.data.tokenizers import load_tokenizer
-    from depthlab.model import model_with_weights
+    from depthlab.train.family import family_named
 
     ckpt, data = load_intact(path, with_optimizer=False)
     config = data["config"]
-    model_cfg = ModelConfig.from_dict(config["model"])
+    family = family_named(config.get("family"))  # LM or ViT (runs from before families: LM)
+    model_cfg = family.config_type.from_dict(config["model"])
     scheme = data["meta"].get("scheme")
     if scheme != model_cfg.scheme:
         raise DepthlabError(f"checkpoint {str(ckpt)!r} holds weights of scheme {scheme!r}, "
@@ -275,12 +275,12 @@ def load_run(path: str | Path, device: str | torch.device | None = None):
     bad = first_nonfinite(("weights", data["model"]))
     if bad is not None:
         raise DepthlabError(f"checkpoint {str(ckpt)!r} holds NaN/inf weights ({bad}); refusing to use it")
-    model = model_with_weights(model_cfg, data["model"], f"checkpoint {str(ckpt)!r}", device)
+    model = family.with_weights(model_cfg, data["model"], f"checkpoint {str(ckpt)!r}", device)
     tokenizer = None
     for tdir in (ckpt.parent.parent / "tokenizer", ckpt / "tokenizer"):
         if tdir.is_dir():
             tokenizer = load_tokenizer(tdir)
             break
-    if tokenizer is None:
+    if tokenizer is None and config.get("tokenizer") is not None:
         log.warning("no tokenizer/ found beside %s", ckpt)
     return model, tokenizer, config

@@ -91,10 +91,12 @@ class TrainConfig(JsonConfig):
     # ------------------------------------------------------------------ defaults + validation
     def resolve(self, model_cfg: ModelConfig, world_size: int = 1) -> "TrainConfig":
         """A copy with every ``None`` default filled for this model and world size, validated."""
-        d = {**PAPER_DEFAULTS, **PRESET_DEFAULTS.get(model_cfg.name, _by_size(model_cfg))}
         c = self.to_dict()
-        for key in ("lr", "steps", "warmup", "seq_len", "batch_size", "eval_tokens"):
-            if c[key] is None:
+        unset = [key for key in ("lr", "steps", "warmup", "seq_len", "batch_size", "eval_tokens") if c[key] is None]
+        if unset:  # the size-based defaults need a parameter count: only when something is left to fill
+            by_preset = PRESET_DEFAULTS.get(model_cfg.name)
+            d = {**PAPER_DEFAULTS, **(by_preset if by_preset is not None else _by_size(model_cfg))}
+            for key in unset:
                 c[key] = d[key]
         if c["seq_len"] > model_cfg.max_seq_len and self.seq_len is None:
             c["seq_len"] = model_cfg.max_seq_len

@@ -97,9 +97,9 @@ class LMLoss(nn.Module):
         return LossOutput(loss, tuple(out.hidden_states or ()), out.logits if return_logits else None)
 
 
-def wrap(model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
-    """The module the training loop calls: LMLoss(model), under DDP or FSDP2 when distributed."""
-    module = LMLoss(model)
+def wrap(model: nn.Module, env: DistEnv, device: torch.device, loss: type[nn.Module] | None = None) -> nn.Module:
+    """The module the training loop calls: ``loss(model)`` (default LMLoss), under DDP or FSDP2 when distributed."""
+    module = (loss or LMLoss)(model)
     if env.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -32,6 +32,14 @@ class EvalResult:
         """The metrics.jsonl line of this evaluation."""
         return {"step": step, "eval_loss": self.loss, "eval_ppl": self.ppl, "eval_tokens": self.tokens}
 
+    def summary(self) -> dict[str, Any]:
+        """Its keys in summary.json."""
+        return {"eval_loss": self.loss, "eval_ppl": self.ppl}
+
+    def describe(self) -> str:
+        """Its log line."""
+        return f"eval loss {self.loss:.4f}, ppl {self.ppl:.2f}"
+
 
 class Evaluator:
     """Held-out evaluation and depth probes of the model behind ``forward``."""

@@ -30,17 +30,17 @@ from torch import nn
 
 from depthlab.config import ModelConfig
 from depthlab.errors import DepthlabError
-from depthlab.model import build_model
 from depthlab.train import distributed as D
 from depthlab.train.checkpoint import load_intact, remove_stale_tmp, save_checkpoint, set_rng_state
 from depthlab.train.config import TrainConfig
-from depthlab.train.data import TrainData, load_train_data
+from depthlab.train.data import TrainData
 from depthlab.train.evaluator import EvalResult, Evaluator
+from depthlab.train.family import Family, family_of
 from depthlab.train.integrity import first_nonfinite
 from depthlab.train.lock import RunGuard, run_guard
 from depthlab.train.metrics_log import MetricsLog
 from depthlab.train.optim import build_optimizer
-from depthlab.train.rundir import RESUME_KEYS, RunSetup, open_run, write_run_dir
+from depthlab.train.rundir import RESUME_KEYS, RunSetup, write_run_dir
 from depthlab.train.step import Forward, StepResult, autocast_for, train_step
 
 __all__ = ["RESUME_KEYS", "TrainingDiverged", "train"]
@@ -102,13 +102,17 @@ def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bo
     device = _device(train_cfg, env.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    run = open_run(model_cfg, train_cfg, out, resume, env, allow_changed)  # bad input fails here or in the
-    data = load_train_data(run.cfg, run.tokenizer, env)  # next line, before anything is written
+    family = family_of(model_cfg)  # LM or ViT: how to build, feed and evaluate (family.py)
+    if allow_changed and family.name != "lm":
+        raise DepthlabError(f"--allow-changed is supported for language-model runs only, not {family.name!r}")
+    extra = {"allow_changed": allow_changed} if allow_changed else {}
+    run = family.open_run(model_cfg, train_cfg, out, resume, env, **extra)  # bad input fails here or in the next
+    data = family.load_data(run, env)  # line, before anything is written
     guard.create()  # a fresh run's directory, locked; removed again if set-up fails
     if env.is_main:
         remove_stale_tmp(out)
     config = write_run_dir(run, command, env)
-    session = _start_session(run, data, config, device, env)
+    session = _start_session(family, run, data, config, device, env)
     guard.keep()
     try:
         done = _run_steps(session, progress, quiet)
@@ -147,23 +151,22 @@ class _Session:
         return self.wall_before + time.perf_counter() - self.t_loop
 
 
-def _start_session(run: RunSetup, data: TrainData, config: dict[str, Any], device: torch.device,
+def _start_session(family: Family, run: RunSetup, data: TrainData, config: dict[str, Any], device: torch.device,
                    env: D.DistEnv) -> _Session:
     """Seed, build and wrap the model, build the optimizer, restore the latest checkpoint when
     resuming (weights, optimizer, RNG, counters), open metrics.jsonl."""
     cfg = run.cfg
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
-    model = build_model(run.model_cfg, device=device)
+    model = family.build(run.model_cfg, device=device)
     if cfg.compile:
         model.compile()
-    module = D.wrap(model, env, device)
+    module = D.wrap(model, env, device, family.loss_module)
     optimizer = build_optimizer(model.parameters(), cfg, device)
     resumed = _restore(run.out, module, model, optimizer, env) if run.resume else {}
     metrics = MetricsLog(run.out / "metrics.jsonl", env.is_main, resumed.get("start"), cfg.tensorboard)
     forward = Forward(module, device, autocast_for(cfg, device))
-    evaluator = Evaluator(forward, data.eval_batches, data.probe_batch, env, model=model,
-                          probe_labels=data.probe_labels, track_depth=cfg.track_depth, track_removal=cfg.track_removal)
+    evaluator = family.evaluator(forward, data, env, model, cfg)
     return _Session(run, env, model, module, optimizer, forward, data, evaluator, metrics, config, **resumed)
 
 
@@ -273,8 +276,7 @@ def _after_step(s: _Session, step: int, done: _Done, quiet: bool) -> None:
     if (cfg.eval_every and step % cfg.eval_every == 0) or last:
         done.eval, done.eval_step = s.evaluator.evaluate(), step
         s.metrics.write(done.eval.record(step))
-        log.log(logging.DEBUG if quiet else logging.INFO, "step %d: eval loss %.4f, ppl %.2f", step, done.eval.loss,
-                done.eval.ppl)
+        log.log(logging.DEBUG if quiet else logging.INFO, "step %d: %s", step, done.eval.describe())
     if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or last:
         s.last_ckpt = _checkpoint(s, step)
 
@@ -287,7 +289,7 @@ def _summary(s: _Session, done: _Done, t_start: float) -> dict[str, Any]:
     probe = done.probe if done.probe is not None else s.evaluator.probe()
     return {
         "steps": s.run.cfg.steps, "scheme": s.run.model_cfg.scheme, "train_loss": done.train.get("loss"),
-        "eval_loss": ev.loss, "eval_ppl": ev.ppl, "layer_variance": probe["layer_variance"],
+        **ev.summary(), "layer_variance": probe["layer_variance"],
         "tokens": s.tokens, "wall_s": wall, "tokens_per_s": s.tokens / max(wall, 1e-9),
         "step_tokens_per_s": done.session_tokens / done.session_time if done.session_time else None,
         "setup_s": time.perf_counter() - t_start - (wall - s.wall_before),

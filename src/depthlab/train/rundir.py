@@ -46,12 +46,13 @@ class RunSetup:
     """A checked run: resolved configs (vocabulary and tokenizer filled in) and its tokenizer."""
 
     out: Path
-    model_cfg: ModelConfig
+    model_cfg: ModelConfig  # or a ViTConfig (family "vit")
     cfg: TrainConfig
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None for families without one (ViT)
     resume: bool
     saved: dict[str, Any] | None  # the run's config.json when resuming
     changed: dict[str, list] = field(default_factory=dict)  # key -> [saved, new], allowed on resume
+    family: str = "lm"  # depthlab.train.family: which family builds, feeds and evaluates the model
 
 
 def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv,
@@ -62,7 +63,7 @@ def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: 
     bad = [k for k in allow_changed if k not in CHANGEABLE_KEYS]
     if bad:
         raise DepthlabError(f"--allow-changed {','.join(bad)}: only {', '.join(CHANGEABLE_KEYS)} may change on resume")
-    saved = _saved_config(out) if resume else None
+    saved = saved_config(out) if resume else None
     if not resume and out.exists() and (not out.is_dir() or any(p.name != ".lock" for p in out.iterdir())):
         raise DepthlabError(f"run directory {str(out)!r} already exists; "
                             "pass --resume to continue it or choose a new --out")
@@ -77,7 +78,8 @@ def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: 
     return RunSetup(out, model_cfg, cfg, tok, resume, saved, changed)
 
 
-def _saved_config(out: Path) -> dict[str, Any]:
+def saved_config(out: Path) -> dict[str, Any]:
+    """``out/config.json`` of a run to resume (DepthlabError when there is none)."""
     if not (out / "config.json").is_file():
         raise DepthlabError(f"cannot resume {str(out)!r}: no config.json there (not a run directory)")
     try:
@@ -156,9 +158,11 @@ def run_config(run: RunSetup, command: str | None, world_size: int) -> dict[str,
     saved record, adding this session's command as ``command_resume`` and its versions."""
     tok = run.tokenizer
     config = {"model": run.model_cfg.to_dict(), "train": run.cfg.to_dict(),
-              "tokenizer": {"spec": tok.spec, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-                            "pad_id": tok.pad_id, "fingerprint": tok.fingerprint()},
+              "tokenizer": None if tok is None else {"spec": tok.spec, "vocab_size": tok.vocab_size,
+                                                     "eos_id": tok.eos_id, "pad_id": tok.pad_id,
+                                                     "fingerprint": tok.fingerprint()},
               "versions": versions(), "command": command or command_line(), "world_size": world_size,
+              "family": run.family,
               "data_fingerprint": {"data": data_fingerprint(run.cfg.data),
                                    "val_data": data_fingerprint(run.cfg.val_data)}}
     if run.resume:
@@ -188,7 +192,8 @@ def write_run_dir(run: RunSetup, command: str | None, env: D.DistEnv) -> dict[st
     if env.is_main and not run.resume:
         run.out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(run.out / "config.json", config)
-        run.tokenizer.save(run.out / "tokenizer")
+        if run.tokenizer is not None:
+            run.tokenizer.save(run.out / "tokenizer")
     elif env.is_main and run.changed:
         write_json_atomic(run.out / "config.json", config)
     D.barrier(env)

@@ -8,20 +8,19 @@ Field names are those of ``depthlab.config.ModelConfig`` wherever they mean the 
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from depthlab.config import JsonConfig
+from depthlab.config import SchemedConfig, check_positive_ints, check_positive_numbers
+from depthlab.configure import checked, configure
 from depthlab.errors import ConfigError, choices
-from depthlab.schemes import SCHEMES, get_scheme
+from depthlab.schemes import get_scheme
 
 POOLS = ("cls", "mean")
 
 
 @dataclass
-class ViTConfig(JsonConfig):
+class ViTConfig(SchemedConfig):
     """A ViT image classifier (Dosovitskiy et al. 2021) whose blocks follow a registry scheme."""
 
     name: str = "custom"  # preset name or a label
@@ -59,45 +58,23 @@ class ViTConfig(JsonConfig):
         return self.n_patches + 1
 
     @property
-    def depths(self) -> list[int]:
-        """The 1-based depth l of each block: 1..L, or the original depths a pruned model kept."""
-        return list(self.block_depths) if self.block_depths is not None else list(range(1, self.n_layers + 1))
+    def max_seq_len(self) -> int:
+        """The longest token sequence the model takes (what ``TrainConfig`` checks ``seq_len`` against)."""
+        return self.seq_len
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        for name in ("image_size", "patch_size", "channels", "num_classes", "n_layers", "d_model", "n_heads", "d_ff"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("image_size", "patch_size", "channels", "num_classes", "n_layers", "d_model", "n_heads",
+                                   "d_ff"))
         if self.image_size % self.patch_size:
             raise ConfigError(f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}")
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                               f"choose n_heads among the divisors of {self.d_model}")
-        for name in ("norm_eps", "init_std"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+        check_positive_numbers(self, ("norm_eps", "init_std"))
         if self.pool not in POOLS:
             raise ConfigError(f"unknown pool {self.pool!r}; {choices(POOLS)}")
-        if not isinstance(self.scheme_options, dict):
-            raise ConfigError(f"scheme_options must be a dict, got {self.scheme_options!r}")
-        if self.block_depths is not None:
-            d = self.block_depths
-            if len(d) != self.n_layers or any(not isinstance(x, int) or x < 1 for x in d) or sorted(set(d)) != list(d):
-                raise ConfigError(f"block_depths must be {self.n_layers} increasing positive integers, got {d!r}")
-
-    def replace(self, **overrides: Any) -> "ViTConfig":
-        """A copy with fields replaced; a new ``scheme`` drops the old scheme's options unless
-        ``scheme_options`` is given too."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ConfigError(f"unknown ViTConfig field(s) {unknown}; {choices(sorted(known))} "
-                              "(scheme options: vit_configure(cfg, name=value))")
-        if "scheme" in overrides and overrides["scheme"] != self.scheme and "scheme_options" not in overrides:
-            overrides["scheme_options"] = {}
-        return dataclasses.replace(self, **overrides)
+        self.check_scheme_fields()
 
 
 #: ``vit-tiny``: sized for scikit-learn's 8x8 digits on one CPU core (16 patches of 2x2 + CLS, 8 blocks of width
@@ -112,45 +89,9 @@ VIT_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def vit_checked(cfg: ViTConfig) -> ViTConfig:
-    """``cfg`` with its scheme and options validated by the registry and stored canonically."""
-    scheme = get_scheme(cfg.scheme)
-    canonical = scheme.canonical(cfg.scheme_options)
-    cfg = cfg if canonical == cfg.scheme_options else dataclasses.replace(cfg, scheme_options=canonical)
-    scheme.validate(cfg)  # type: ignore[arg-type]  # the registry reads d_model, n_layers, scheme_options
-    return cfg
-
-
-def _foreign_default(key: str, value: Any) -> bool:
-    """Another scheme's option at its default (``lns_position="after-norm"`` on ``pre``): a no-op, accepted,
-    as ``depthlab.configure`` does, so one set of settings serves every scheme of a comparison."""
-    for other in SCHEMES.values():
-        for opt in other.options:
-            if key in (opt.name, opt.alias):
-                try:
-                    return opt.parse(key, value) == opt.default
-                except ConfigError:
-                    return False
-    return False
-
-
-def vit_configure(base: ViTConfig, **overrides: Any) -> ViTConfig:
-    """``base`` with fields and scheme options (by name or alias) replaced, checked by the registry."""
-    fields = {f.name for f in dataclasses.fields(ViTConfig)}
-    cfg = base.replace(**{k: v for k, v in overrides.items() if k in fields})
-    scheme = get_scheme(cfg.scheme)
-    own = {}
-    for key, value in overrides.items():
-        if key in fields:
-            continue
-        if any(key in (o.name, o.alias) for o in scheme.options):
-            own[key] = value
-        elif not _foreign_default(key, value):
-            takers = [n for n, s in SCHEMES.items() if any(key in (o.name, o.alias) for o in s.options)]
-            where = f"an option of schemes {', '.join(takers)}" if takers else "an option of any scheme"
-            raise ConfigError(f"unknown setting {key!r} (= {value!r}) for scheme {cfg.scheme!r}: not a ViTConfig "
-                              f"field ({', '.join(sorted(fields))}), and {where}")
-    return vit_checked(dataclasses.replace(cfg, scheme_options=scheme.canonical({**cfg.scheme_options, **own})))
+#: One registry check for every family: the decoder's and the ViT's configs go through the same code.
+vit_checked = checked
+vit_configure = configure
 
 
 def vit_from_preset(name: str, **overrides: Any) -> ViTConfig:

@@ -7,7 +7,6 @@ of block ``l`` (before the final norm); ``run_blocks`` / ``head`` let the diagno
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -18,29 +17,8 @@ from depthlab.errors import DepthlabError
 from depthlab.nn.attention import Attention
 from depthlab.nn.mlp import GeluMLP
 from depthlab.nn.norms import GroupLayerNorm, LayerNorm
-from depthlab.schemes import Parts, admin_profile, get_scheme
+from depthlab.schemes import Parts, get_scheme
 from depthlab.vit.config import ViTConfig
-
-
-class ViTMLP(GeluMLP):
-    """The GELU MLP under the names the registry's init rules use for a feed-forward's projections.
-
-    ``down_proj`` is the output projection ``fc2`` (Scaled / Depth-Scaled Init, DeepNorm); ``up_proj`` and
-    ``gate_proj`` both name the input projection ``fc1`` (a GELU MLP has no gate, so DeepNorm's beta on
-    "every FFN weight" reaches fc1 and fc2, exactly once each in distribution). Properties, not modules:
-    state-dict keys stay ``fc1`` / ``fc2`` (those of HF and timm)."""
-
-    @property
-    def down_proj(self) -> nn.Linear:
-        return self.fc2
-
-    @property
-    def up_proj(self) -> nn.Linear:
-        return self.fc1
-
-    @property
-    def gate_proj(self) -> nn.Linear:
-        return self.fc1
 
 
 def vit_parts(cfg: ViTConfig) -> Parts:
@@ -50,7 +28,7 @@ def vit_parts(cfg: ViTConfig) -> Parts:
     def attention() -> Attention:
         return Attention(d, h, h, d // h, qkv_bias=True, causal=False, out_bias=True)
 
-    return Parts(d, cfg.n_layers, attention, lambda: ViTMLP(d, cfg.d_ff),
+    return Parts(d, cfg.n_layers, attention, lambda: GeluMLP(d, cfg.d_ff),
                  lambda scale=1.0: LayerNorm(d, cfg.norm_eps, scale=scale),
                  lambda groups: GroupLayerNorm(d, groups, cfg.norm_eps))
 
@@ -90,9 +68,8 @@ class ViT(nn.Module):
             for p in (self.patch_embed.weight, self.cls_token, self.pos_embed):
                 nn.init.trunc_normal_(p, std=std, a=-2 * std, b=2 * std)
             nn.init.zeros_(self.patch_embed.bias)
-        post = _VIT_POST_INIT.get(scheme.post_init, scheme.post_init)
-        if post is not None:
-            post(self)
+        if scheme.post_init is not None:
+            scheme.post_init(self)
 
     # ------------------------------------------------------------------ pieces (used by diagnostics)
     def embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -131,35 +108,13 @@ class ViT(nn.Module):
         loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
         return ViTOutput(logits, loss, tuple(hidden) if hidden is not None else None)
 
+    def profile_input(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Random model inputs for profiling passes at init (Admin): ``batch`` images of N(0, 1) pixels."""
+        c, s = self.cfg.channels, self.cfg.image_size
+        return torch.randn((batch, c, s, s), generator=generator)
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-@torch.no_grad()
-def vit_admin_profile(model: ViT) -> None:
-    """Admin's profiling (``depthlab.schemes.admin_profile``) on random pixels instead of token ids:
-    omega_i^2 = sum_{j<i} Var f_j, branches in execution order, from one forward pass at init."""
-    variances: list[float] = []
-    branches = [m for block in model.blocks for m in (block.attn, block.ffn)]
-    hooks = [b.register_forward_hook(lambda _m, _i, out: variances.append(out.float().var().item())) for b in branches]
-    try:
-        gen = torch.Generator().manual_seed(0)
-        c, s = model.cfg.channels, model.cfg.image_size
-        pixels = torch.randn((4, c, s, s), generator=gen)
-        model(pixels.to(next(model.parameters()).device))
-    finally:
-        for h in hooks:
-            h.remove()
-    gains = [g for block in model.blocks for g in (block.attn_resid, block.ffn_resid)]
-    running = 1.0
-    for gain, var in zip(gains, variances):
-        gain.init = math.sqrt(running)
-        gain.reset_parameters()
-        running += var
-
-
-#: Post-init passes that feed a decoder token ids, and their ViT versions (keyed by the callable, not a name).
-_VIT_POST_INIT = {admin_profile: vit_admin_profile}
 
 
 def vit_num_params(cfg: ViTConfig) -> int:
