@@ -186,7 +186,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
         if saved.get("settings") != json.loads(json.dumps(settings)):
             raise DepthlabError(f"{str(out)!r} holds a compare with other settings; give another --out "
                                 f"or the same settings to resume it")
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and any(p.name != ".lock" for p in out.iterdir()):  # .lock: the CLI's run lock
         raise DepthlabError(f"output directory {str(out)!r} exists and is not a compare; give a new --out")
     out.mkdir(parents=True, exist_ok=True)
     saved_path.write_text(json.dumps({"settings": settings, "command": command}, indent=2) + "\n")

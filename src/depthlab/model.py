@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from depthlab.config import ModelConfig
-from depthlab.errors import DepthlabError
+from depthlab.errors import DepthlabError, first_line
 from depthlab.nn.attention import RotaryEmbedding
 from depthlab.schemes import decoder_parts, get_scheme
 
@@ -122,7 +122,12 @@ def model_with_weights(cfg: ModelConfig, state: dict[str, torch.Tensor], where: 
 
     with torch.device("meta"):
         model = DecoderLM(cfg)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as err:  # shape mismatch: weights of another size than the config says
+        detail = next((ln.strip() for ln in str(err).splitlines() if "size mismatch" in ln), first_line(err))
+        raise DepthlabError(f"{where} does not match its config ({cfg.n_layers} layers, d_model {cfg.d_model}): "
+                            f"{detail[:200]}") from None
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embed.weight
         missing = [k for k in missing if k != "lm_head.weight"]

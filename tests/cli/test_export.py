@@ -60,3 +60,33 @@ def test_cli_errors_are_one_line_exit_2(args, words):
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     for w in words:
         assert w in proc.stderr
+
+
+def test_export_carries_the_tokenizers_special_ids_and_generate_stops_at_its_eos(tmp_path):
+    """Not LlamaConfig's bos=1 / eos=2: with the bpe tokenizer id 2 is an ordinary token."""
+    import json
+
+    from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+
+    run = _run(tmp_path, "pre")
+    assert _cli("export", str(run), "--hf", str(tmp_path / "hf")).returncode == 0
+    _, tok, _ = load_run(run)
+    for name in ("config.json", "generation_config.json"):
+        cfg = json.loads((tmp_path / "hf" / name).read_text())
+        assert cfg["eos_token_id"] == tok.eos_id and cfg["pad_token_id"] == tok.pad_id, name
+        assert cfg.get("bos_token_id") != 1 or tok.eos_id == 1
+    assert tok.eos_id != 2  # so the old default eos=2 named an ordinary token
+
+    class Script(LogitsProcessor):  # the model "says" token 2 three times, then the tokenizer's EOS
+        def __call__(self, input_ids, scores):
+            n = input_ids.shape[1] - prompt.shape[1]
+            forced = 2 if n < 3 else tok.eos_id
+            out = torch.full_like(scores, -1e9)
+            out[:, forced] = 0.0
+            return out
+
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=False).eval()
+    prompt = torch.tensor([tok.encode("And God said")])
+    gen = hf.generate(prompt, max_new_tokens=10, do_sample=False, logits_processor=LogitsProcessorList([Script()]))
+    new = gen[0, prompt.shape[1]:].tolist()
+    assert new == [2, 2, 2, tok.eos_id]  # ran past the ordinary token 2, stopped at EOS

@@ -13,6 +13,7 @@ from depthlab.cli import main
 from depthlab.errors import DepthlabError
 from depthlab.train import TrainConfig, TrainingDiverged, find_checkpoint, list_checkpoints, load_run, lr_at, train
 from depthlab.train import checkpoint as ckpt_mod
+from depthlab.train.integrity import sha256_file
 
 
 def small_model(**kw):
@@ -89,6 +90,7 @@ def test_run_directory_and_load_run(tmp_path):
     save_file(sd, str(ck / "model.safetensors"), metadata={"format": "pt", "scheme": "pre"})
     state = json.loads((ck / "trainer_state.json").read_text())
     state["files"]["model.safetensors"] = (ck / "model.safetensors").stat().st_size
+    state["sha256"]["model.safetensors"] = sha256_file(ck / "model.safetensors")  # a consistent, re-labelled file
     (ck / "trainer_state.json").write_text(json.dumps(state))
     with pytest.raises(DepthlabError, match="scheme"):
         load_run(ck)
@@ -105,10 +107,11 @@ def test_interrupted_checkpoint_write_is_never_loaded(tmp_path, monkeypatch):
         return real_save(obj, f, *a, **k)
 
     monkeypatch.setattr(ckpt_mod.torch, "save", crashing_save)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(DepthlabError, match="cannot write checkpoint step 6.*simulated"):  # one line, not a traceback
         train(small_model(), small_train(), out, quiet=True)
     monkeypatch.setattr(ckpt_mod.torch, "save", real_save)
-    assert any(p.name.startswith(".tmp-step-00000006") for p in (out / "checkpoint").iterdir())
+    assert not any(p.name.startswith(".tmp-") for p in (out / "checkpoint").iterdir())  # a failed write cleans up
+    (out / "checkpoint" / ".tmp-step-00000006-crashed").mkdir()  # what a kill -9 mid-write leaves
     assert find_checkpoint(out).name == "step-00000003"
     # a checkpoint dir cut short (e.g. a non-atomic copy) is skipped too
     bad = out / "checkpoint" / "step-00000009"
@@ -122,6 +125,7 @@ def test_interrupted_checkpoint_write_is_never_loaded(tmp_path, monkeypatch):
     summary = train(small_model(), small_train(), out, resume=True, quiet=True)
     assert summary["tokens"] == 6 * 4 * 32
     assert find_checkpoint(out).name == "step-00000006"
+    assert not any(p.name.startswith(".tmp-") for p in (out / "checkpoint").iterdir())  # stale ones removed
 
 
 def test_nan_loss_stops_naming_the_step(tmp_path, monkeypatch, capsys):

@@ -4,7 +4,10 @@ Each subcommand lives in its own module here and exposes ``register(subparsers)`
 parser and sets ``func`` (called with the parsed args, returns an exit code or None). Modules are
 discovered automatically, so adding a command touches no shared file.
 
-Bad input (``DepthlabError``, a missing file) becomes one line on stderr and exit code 2.
+Every failure goes through one path (:func:`main`): one line on stderr naming the command, exit code
+2 (``-v`` shows the traceback of an unexpected one), third-party chatter silenced. An output
+directory is checked before the command runs, and removed again if the command created it and then
+failed (see ``_outputs``).
 """
 
 from __future__ import annotations
@@ -12,9 +15,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import pickle
 import pkgutil
 import sys
+import warnings
 
+from depthlab.cli._outputs import OutputGuard
 from depthlab.errors import DepthlabError, first_line
 
 
@@ -49,15 +56,48 @@ def main(argv: list[str] | None = None) -> int:
         format="%(message)s" if not args.verbose else "%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:
+        _quiet_third_parties()
+    guard = None
     try:
+        guard = OutputGuard.for_args(args)
         code = args.func(args)
-    except (DepthlabError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as err:
-        print(f"depthlab {args.command}: error: {first_line(err)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"depthlab {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # noqa: BLE001 - the one error path of the command line
+        if args.verbose and not isinstance(err, DepthlabError):
+            raise
+        if guard is not None:
+            guard.cleanup()
+        print(f"depthlab {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    if code == 2 and guard is not None:
+        guard.cleanup()
     return int(code or 0)
+
+
+def _one_line(err: BaseException) -> str:
+    """What went wrong, in one line: a DepthlabError's message; the path and reason of an OSError;
+    otherwise the exception's type and first line."""
+    if isinstance(err, DepthlabError):
+        return first_line(err)
+    if isinstance(err, OSError) and err.strerror:
+        where = f"{err.filename!r}: " if err.filename else ""
+        return f"{where}{err.strerror}"
+    if isinstance(err, pickle.UnpicklingError):
+        return "refusing to unpickle a file that holds more than tensors (not written by depthlab, or tampered with)"
+    return f"{type(err).__name__}: {first_line(err)[:300]} (run with -v for the traceback)"
+
+
+def _quiet_third_parties() -> None:
+    """transformers / huggingface_hub / datasets warnings and advisories off (errors still reach us)."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    for name in ("transformers", "huggingface_hub", "datasets", "tokenizers", "safetensors"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|transformers|huggingface_hub)\b")
 
 
 def run() -> None:

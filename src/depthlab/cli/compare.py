@@ -93,15 +93,20 @@ def build_config(args, schemes: list[str], preset: str, model_set: list[str] | N
 
 def run_and_print(cfg, out: str, command: str, jobs: int = 1) -> int:
     import logging
+    from pathlib import Path
 
     from depthlab.compare import compare, markdown_table
+    from depthlab.train.lock import RunLock
 
     def progress(scheme: str, seed: int, row: dict) -> None:
         metric = f"ppl {row['eval_ppl']:.2f}" if "eval_ppl" in row else f"top-1 {100 * row['eval_acc']:.2f} %"
         logging.getLogger("depthlab").info("done %s seed %d: held-out loss %.4f, %s", scheme, seed,
                                            row["eval_loss"], metric)
 
-    result = compare(cfg, out, command=command, on_run=progress, jobs=jobs)
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)  # to lock it; the CLI removes it again if the compare fails at once
+    with RunLock(path):  # one writer: a second compare on the same --out stops here, nothing touched
+        result = compare(cfg, out, command=command, on_run=progress, jobs=jobs)
     print(markdown_table(result["table"]))
     print(f"\nreport: {out.rstrip('/')}/report.html   (table: summary.md, numbers: summary.json)")
     return 0

@@ -77,7 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=int, default=None,
                    help=f"evaluation tokens (default: {GPU_TOKENS} on a GPU, the paper's scale; on a CPU a budget of "
                         f"about {CPU_BUDGET_S // 60} minutes: {CPU_TOKENS_135M} tokens for a 135M model, up to {CPU_MAX_TOKENS})")
-    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per sequence (default 256, or the model's context when shorter)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help="auto: bf16 on GPU, fp32 on CPU")
@@ -125,6 +126,16 @@ def _device_dtype(args):
     return device, dtype
 
 
+def _seq_len(asked: int | None, target) -> int:
+    """``--seq-len``, refused past the model's context; unset: 256, or the context when shorter."""
+    from depthlab.errors import DepthlabError
+
+    limit = target.max_seq_len
+    if asked is not None and limit is not None and asked > limit:
+        raise DepthlabError(f"--seq-len {asked} exceeds the context {target.name!r} was made for ({limit} tokens)")
+    return asked if asked is not None else min(256, limit or 256)
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -142,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if mc_file and not Path(args.mc).is_file():
         raise DepthlabError(f"multiple-choice file {args.mc!r} does not exist")
     target = load_target(args.target, device=device, dtype=dtype, scheme=args.scheme)
+    args.seq_len = _seq_len(args.seq_len, target)
     if not target.causal:
         log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", args.target)
     n_params = sum(p.numel() for p in target.model.parameters())

@@ -38,5 +38,7 @@ def run(args) -> int:
     texts = iter_documents(args.data, "train", args.text_field) if args.tokenizer.startswith("bpe:") else None
     tok = build_tokenizer(args.tokenizer, texts, cache_dir=args.cache_dir)
     meta = write_shards(args.data, tok, args.out, args.text_field)
+    if not meta["train_tokens"]:
+        raise DepthlabError(f"--data {args.data!r} holds no text to tokenize")  # the CLI removes --out again
     print(f"{args.out}: {meta['train_tokens']} train + {meta['val_tokens']} val tokens ({meta['dtype']}, {tok.spec})")
     return 0

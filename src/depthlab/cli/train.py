@@ -71,6 +71,9 @@ def register(subparsers) -> None:
     r = p.add_argument_group("run directory, evaluation, checkpoints")
     r.add_argument("--out", help="run directory (must not exist unless --resume)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
+    r.add_argument("--allow-changed", metavar="KEYS", default="",
+                   help="with --resume: schedule settings that may differ from the saved run, "
+                        "e.g. lr,warmup,min_lr_ratio (recorded in config.json)")
     r.add_argument("--eval-every", type=int, help="steps between held-out evaluations (0 = end only)")
     r.add_argument("--eval-tokens", type=int, help="held-out tokens per evaluation")
     r.add_argument("--variance-every", type=int, help="steps between depth probes (variance, tracking; default steps/20)")
@@ -127,6 +130,15 @@ def build_configs(args):
     return model_cfg, train_cfg, out, resume
 
 
+def _allowed(text: str, resume: bool) -> tuple[str, ...]:
+    from depthlab.errors import DepthlabError
+
+    keys = tuple(k.strip().replace("-", "_") for k in text.split(",") if k.strip())
+    if keys and not resume:
+        raise DepthlabError(f"--allow-changed {text!r} applies to --resume only")
+    return keys
+
+
 def run(args) -> int:
     from depthlab.provenance import command_line
     from depthlab.train import TrainingDiverged, train
@@ -134,7 +146,8 @@ def run(args) -> int:
 
     model_cfg, train_cfg, out, resume = build_configs(args)
     try:
-        summary = train(model_cfg, train_cfg, out, resume=resume, quiet=args.quiet, command=command_line(args.argv))
+        summary = train(model_cfg, train_cfg, out, resume=resume, quiet=args.quiet, command=command_line(args.argv),
+                        allow_changed=_allowed(args.allow_changed, resume))
     except TrainingDiverged as err:
         print(f"depthlab train: error: {err}", file=sys.stderr)
         return 1

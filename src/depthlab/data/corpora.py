@@ -142,7 +142,10 @@ def _iter_file(path: Path, text_field: str) -> Iterator[str]:
             import pyarrow.parquet as pq
         except ImportError:
             raise DepthlabError("reading .parquet needs pyarrow (pip install 'depthlab[parquet]')") from None
-        pf = pq.ParquetFile(path)
+        try:
+            pf = pq.ParquetFile(path)
+        except Exception as err:  # noqa: BLE001 - pyarrow.ArrowInvalid and friends: not a parquet file
+            raise DepthlabError(f"{str(path)!r} is not a readable .parquet file ({first_line(err)[:120]})") from None
         names = pf.schema_arrow.names
         if text_field not in names:
             raise DepthlabError(f"{path}: no column {text_field!r} (columns: {', '.join(names)}); set --text-field")

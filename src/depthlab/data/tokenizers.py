@@ -171,7 +171,7 @@ class AutoTokenizerWrapper(Tokenizer):
                 raise DepthlabError(f"tokenizer {spec!r}: GGUF file not found")
             name, kwargs = str(path.parent), {"gguf_file": path.name}
         try:
-            tok = AutoTokenizer.from_pretrained(name, **kwargs)
+            tok = AutoTokenizer.from_pretrained(name, trust_remote_code=False, **kwargs)
         except Exception as err:  # offline, unknown repo, missing gguf extra, ...
             raise DepthlabError(f"cannot load tokenizer {spec!r}: {first_line(err)}") from None
         return cls(tok, spec)
@@ -269,5 +269,5 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     if kind == "hf":
         from transformers import AutoTokenizer
 
-        return AutoTokenizerWrapper(AutoTokenizer.from_pretrained(str(directory)), spec)
+        return AutoTokenizerWrapper(AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False), spec)
     raise DepthlabError(f"{meta_path}: unknown tokenizer kind {kind!r}")

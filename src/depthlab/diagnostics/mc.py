@@ -81,7 +81,11 @@ def load_legacy_mc(path: str | Path, limit: int | None = None) -> list[MCItem]:
     if not path.is_file():
         raise DepthlabError(f"multiple-choice file {str(path)!r} does not exist")
     items = []
-    for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DepthlabError(f"multiple-choice file {str(path)!r} is not UTF-8 text (byte {err.start})") from None
+    for no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

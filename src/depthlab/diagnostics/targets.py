@@ -90,7 +90,7 @@ def _hf_tokenizer(path: str, **kwargs: Any):
 
     spec = "hf:" + (str(Path(path) / kwargs["gguf_file"]) if "gguf_file" in kwargs else str(path))
     try:
-        return AutoTokenizerWrapper(AutoTokenizer.from_pretrained(str(path), **kwargs), spec)
+        return AutoTokenizerWrapper(AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, **kwargs), spec)
     except DepthlabError:
         raise
     except Exception as err:  # noqa: BLE001 - any loader failure becomes one line
@@ -144,7 +144,7 @@ def _encoder(path: str, dtype: torch.dtype) -> nn.Module:
     from transformers import AutoModel
 
     try:
-        return AutoModel.from_pretrained(path, dtype=dtype)
+        return AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=False)
     except Exception as err:  # noqa: BLE001
         raise DepthlabError(f"cannot load a Hugging Face encoder from {path!r}: {first_line(err)[:300]}") from None
 
@@ -216,7 +216,7 @@ def _preset(name: str, scheme: str) -> Target:
             "scheme": cfg.scheme, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
             "n_kv_heads": cfg.kv_heads, "d_ff": cfg.d_ff, "vocab_size": cfg.vocab_size,
             "n_params": model.num_params(), "config": cfg.to_dict()}
-    return Target(model, name, "depthlab", ByteTokenizer(), info, None)
+    return Target(model, name, "depthlab", ByteTokenizer(), info, cfg.max_seq_len)
 
 
 def _local(path: Path, name: str, dtype: torch.dtype) -> Target:
@@ -238,7 +238,7 @@ def _local(path: Path, name: str, dtype: torch.dtype) -> Target:
                 "scheme_options": cfg.scheme_options, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
                 "n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads, "d_ff": cfg.d_ff, "vocab_size": cfg.vocab_size,
                 "n_params": model.num_params(), "config": cfg.to_dict(), "train": config.get("train")}
-        return Target(model, name, "depthlab", tokenizer, info, None)
+        return Target(model, name, "depthlab", tokenizer, info, cfg.max_seq_len)  # the context it was trained for
     if path.is_dir() and (path / "config.json").is_file():
         if _is_encoder_dir(path):
             model = _encoder(str(path), dtype)

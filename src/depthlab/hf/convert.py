@@ -113,7 +113,7 @@ def load_hf_model(path: str | Path, gguf_file: str | None = None, dtype: torch.d
         if not path.is_file():
             raise DepthlabError(f"GGUF file {str(path)!r} does not exist")
         path, gguf_file = path.parent, path.name
-    kwargs: dict[str, Any] = {"dtype": dtype}
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     try:
@@ -260,6 +260,28 @@ def hf_tokenizer(tokenizer: Any) -> Any | None:
     return None
 
 
+def special_token_ids(tokenizer: Any) -> dict[str, int | None]:
+    """``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` of a depthlab (or HF) tokenizer; None
+    where it has no such token, or when there is no tokenizer."""
+    if tokenizer is None:
+        return {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    inner = getattr(tokenizer, "tok", None)
+    bos = getattr(inner, "bos_token_id", None)
+    eos = getattr(tokenizer, "eos_id", getattr(tokenizer, "eos_token_id", None))
+    pad = getattr(tokenizer, "pad_id", getattr(tokenizer, "pad_token_id", None))
+    return {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad}
+
+
+def set_special_token_ids(hf_model: nn.Module, tokenizer: Any) -> None:
+    """Write the tokenizer's own special-token ids into the model's config and generation config (not
+    the LlamaConfig defaults bos=1 / eos=2, which name ordinary tokens of a depthlab vocabulary), so
+    ``generate()`` stops at the tokenizer's EOS."""
+    for key, value in special_token_ids(tokenizer).items():
+        setattr(hf_model.config, key, value)
+        if getattr(hf_model, "generation_config", None) is not None:
+            setattr(hf_model.generation_config, key, value)
+
+
 def _foldable(scheme: str, **options: Any) -> bool:
     """Whether a model of ``scheme`` (with ``options``) folds into a vanilla Llama checkpoint: decided
     by its structure, on a two-block probe built on the meta device."""
@@ -350,6 +372,7 @@ def to_hf(model: DecoderLM, out_dir: str | Path, *, dtype: torch.dtype = torch.f
         "lns_position": scheme_option(model.cfg, "position") if model.cfg.scheme in scheme_names(lns=True) else None,
         "folded": True,  # the scalings are in the weights: this is a vanilla model
     }
+    set_special_token_ids(hf_model, tokenizer)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     hf_model.save_pretrained(out, safe_serialization=True)
@@ -367,4 +390,4 @@ def to_hf(model: DecoderLM, out_dir: str | Path, *, dtype: torch.dtype = torch.f
 
 __all__ = ["from_hf", "to_hf", "to_hf_model", "config_from_hf", "hf_config_for", "load_hf_model",
            "folded_state_dict", "exportable_schemes", "exportable_lns_positions", "refused_schemes", "hf_key",
-           "hf_tokenizer", "SUPPORTED_MODEL_TYPES"]
+           "hf_tokenizer", "special_token_ids", "set_special_token_ids", "SUPPORTED_MODEL_TYPES"]

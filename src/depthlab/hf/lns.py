@@ -181,7 +181,7 @@ def load(path: str, auto_class: Any = None, **from_pretrained_kwargs: Any) -> nn
     extra keyword arguments go to ``from_pretrained`` (``torch_dtype``, ``device_map``, ...)."""
     if auto_class is None:
         from transformers import AutoModelForCausalLM as auto_class  # noqa: N813
-    model = auto_class.from_pretrained(path, **from_pretrained_kwargs)
+    model = auto_class.from_pretrained(path, **{"trust_remote_code": False, **from_pretrained_kwargs})
     if layernorm_scaling_marker(model.config) is not None:
         apply_layernorm_scaling(model)
     return model

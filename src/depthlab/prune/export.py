@@ -141,10 +141,12 @@ def hf_model_of(model: nn.Module) -> nn.Module:
 
 def write_hf(model: nn.Module, out: str | Path, tokenizer: Any = None, provenance: dict | None = None) -> Path:
     """``save_pretrained`` (safetensors) plus the tokenizer; ``provenance`` lands in config.json under ``depthlab``."""
-    from depthlab.hf.convert import hf_tokenizer
+    from depthlab.hf.convert import hf_tokenizer, set_special_token_ids
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if tokenizer is not None and not hasattr(getattr(tokenizer, "tok", None), "all_special_ids"):
+        set_special_token_ids(model, tokenizer)  # a depthlab tokenizer: its ids, not LlamaConfig's bos=1 / eos=2
     if provenance is not None:
         model.config.depthlab = {**(getattr(model.config, "depthlab", None) or {}), **provenance}
     model.save_pretrained(out, safe_serialization=True)
@@ -166,7 +168,7 @@ def verify_export(out: str | Path, reference: nn.Module, ids: torch.Tensor, new_
 
     dtype = next(reference.parameters()).dtype
     device = next(reference.parameters()).device
-    loaded = AutoModelForCausalLM.from_pretrained(str(out), dtype=dtype).to(device).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(str(out), dtype=dtype, trust_remote_code=False).to(device).eval()
     ids = ids.to(device)
     ref = lm_logits(reference, ids)
     got = lm_logits(loaded, ids)

@@ -14,8 +14,10 @@ Layout of a run directory::
         trainer_state.json step, tokens, sequences consumed, file sizes; written LAST
 
 A checkpoint is written into ``checkpoint/.tmp-*``, every file fsynced, then renamed into place, so
-a crash mid-write leaves only a ``.tmp-*`` directory, which is never loaded. ``trainer_state.json``
-lists each file's size; a directory whose files do not match (e.g. a copy cut short) is skipped.
+a crash mid-write leaves only a ``.tmp-*`` directory, which is never loaded (and removed by the next
+training session). ``trainer_state.json`` lists each file's size and sha256; a directory whose files
+do not match (a copy cut short, damaged bytes) is skipped with a warning, and the newest intact
+checkpoint is used instead. The loop writes only checkpoints whose every tensor is finite.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -33,7 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from depthlab.errors import DepthlabError
+from depthlab.errors import DepthlabError, first_line
+from depthlab.train.integrity import first_nonfinite, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +73,31 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(run_dir: str | Path, step: int, model_sd: dict[str, torch.Tensor], optim_sd: dict,
                     trainer_state: dict[str, Any], config: dict[str, Any], keep_last: int = 2) -> Path:
-    """Write ``checkpoint/step-N`` atomically and prune to the last ``keep_last``. Returns its path."""
+    """Write ``checkpoint/step-N`` atomically and prune to the last ``keep_last``. Returns its path.
+    A failed write (disk full) raises DepthlabError and leaves the earlier checkpoints untouched."""
+    root = Path(run_dir) / CKPT_DIR
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:08d}-", dir=root))
+    except OSError as err:
+        raise DepthlabError(f"cannot write checkpoint step {step} in {str(root)!r}: {first_line(err)}") from None
+    try:
+        final = _write_and_publish(root, tmp, step, model_sd, optim_sd, trainer_state, config)
+    except OSError as err:  # disk full, permissions: the earlier checkpoints stay as they were
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DepthlabError(f"cannot write checkpoint step {step} in {str(root)!r}: {first_line(err)}") from None
+    for stale in list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def _write_and_publish(root: Path, tmp: Path, step: int, model_sd: dict[str, torch.Tensor], optim_sd: dict,
+                       trainer_state: dict[str, Any], config: dict[str, Any]) -> Path:
+    """Write every file into ``tmp`` (fsynced, sizes and sha256 in trainer_state.json, written last), then
+    rename it to ``root/step-N``."""
     from safetensors.torch import save_file
 
-    root = Path(run_dir) / CKPT_DIR
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:08d}-", dir=root))
     model_cfg = config["model"]
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model_sd.items()}
     save_file(tensors, str(tmp / "model.safetensors"),
@@ -84,7 +106,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model_sd: dict[str, torch.Te
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     files = {p.name: p.stat().st_size for p in tmp.iterdir()}
-    (tmp / STATE).write_text(json.dumps({**trainer_state, "step": step, "files": files, "complete": True}, indent=2) + "\n")
+    sums = {p.name: sha256_file(p) for p in tmp.iterdir()}
+    record = {**trainer_state, "step": step, "files": files, "sha256": sums, "complete": True}
+    (tmp / STATE).write_text(json.dumps(record, indent=2) + "\n")
     for p in tmp.iterdir():
         _fsync(p)
     _fsync(tmp)
@@ -96,21 +120,42 @@ def save_checkpoint(run_dir: str | Path, step: int, model_sd: dict[str, torch.Te
     else:
         os.rename(tmp, final)
     _fsync(root)
-    for stale in list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def remove_stale_tmp(run_dir: str | Path) -> None:
+    """Remove ``checkpoint/.tmp-*`` / ``.old-*`` directories left by crashed writes (call with the run's lock held)."""
+    root = Path(run_dir) / CKPT_DIR
+    for p in root.glob(".tmp-*") if root.is_dir() else []:
+        log.info("removing %s (left by an interrupted checkpoint write)", p)
+        shutil.rmtree(p, ignore_errors=True)
+    for p in root.glob(".old-*") if root.is_dir() else []:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def is_complete(ckpt: Path) -> bool:
     """True when ``ckpt`` is a checkpoint whose every file is present with its recorded size."""
+    return damage(ckpt, verify=False) is None
+
+
+def damage(ckpt: Path, verify: bool = True) -> str | None:
+    """Why ``ckpt`` cannot be trusted (a missing or resized file; with ``verify``, a checksum that
+    differs), or None when it is intact."""
     try:
         state = json.loads((ckpt / STATE).read_text())
-    except (OSError, ValueError):
-        return False
-    files = state.get("files") or {}
-    if not state.get("complete") or "model.safetensors" not in files:
-        return False
-    return all((ckpt / n).is_file() and (ckpt / n).stat().st_size == size for n, size in files.items())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return f"{STATE} is missing or unreadable"
+    files = state.get("files") if isinstance(state, dict) else None
+    if not isinstance(files, dict) or not state.get("complete") or "model.safetensors" not in files:
+        return f"{STATE} does not describe a complete checkpoint"
+    for name, size in files.items():
+        if not (ckpt / name).is_file() or (ckpt / name).stat().st_size != size:
+            return f"{name} is missing or has the wrong size"
+    sums = (state.get("sha256") or {}) if verify else {}
+    for name, digest in sums.items():
+        if name != STATE and sha256_file(ckpt / name) != digest:
+            return f"{name} does not match its checksum"
+    return None
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -130,7 +175,8 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint a path names: a checkpoint dir itself, a run's ``checkpoint/`` (its latest),
-    or a run directory (its latest complete checkpoint)."""
+    or a run directory (its latest complete checkpoint). Checksums are not verified here (see
+    :func:`load_intact`)."""
     path = Path(path)
     if not path.exists():
         raise DepthlabError(f"{str(path)!r} does not exist")
@@ -138,15 +184,62 @@ def find_checkpoint(path: str | Path) -> Path:
         if not is_complete(path):
             raise DepthlabError(f"checkpoint {str(path)!r} is incomplete (interrupted write?)")
         return path
-    run_dir = path.parent if path.name == CKPT_DIR else path
-    ckpts = list_checkpoints(run_dir)
+    ckpts = list_checkpoints(_run_of(path))
     if not ckpts:
         raise DepthlabError(f"{str(path)!r} holds no complete checkpoint")
     return ckpts[-1]
 
 
+def _run_of(path: Path) -> Path:
+    return path.parent if path.name == CKPT_DIR else path
+
+
+def load_intact(path: str | Path, with_optimizer: bool = True) -> tuple[Path, dict[str, Any]]:
+    """``(checkpoint, read_checkpoint(checkpoint))`` of the newest intact checkpoint ``path`` names:
+    a checkpoint directory must itself be intact; in a run directory a damaged checkpoint (checksum,
+    unreadable file) is named in a warning and the next older one is used. Raises DepthlabError when
+    none is intact."""
+    path = Path(path)
+    if not path.exists():
+        raise DepthlabError(f"{str(path)!r} does not exist")
+    single = (path / STATE).exists()
+    candidates = [path] if single else list(reversed(list_checkpoints(_run_of(path))))
+    if not candidates:
+        raise DepthlabError(f"{str(path)!r} holds no complete checkpoint")
+    for ckpt in candidates:
+        why = damage(ckpt)
+        if why is None:
+            try:
+                return ckpt, read_checkpoint(ckpt, with_optimizer)
+            except DepthlabError as err:
+                why = str(err)
+        if single:
+            raise DepthlabError(f"checkpoint {str(ckpt)!r} is damaged: {why}")
+        log.warning("checkpoint %s is damaged (%s); trying the previous one", ckpt, why)
+    raise DepthlabError(f"{str(path)!r} holds no intact checkpoint (all {len(candidates)} are damaged)")
+
+
+def _load_tensors(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise DepthlabError(f"{str(path)!r} holds objects other than tensors and plain containers; "
+                            "refusing to unpickle it (not written by depthlab, or tampered with)") from None
+
+
 def read_checkpoint(ckpt: Path, with_optimizer: bool = True) -> dict[str, Any]:
-    """Model tensors, optimizer state, RNG state, trainer state and config of a checkpoint."""
+    """Model tensors, optimizer state, RNG state, trainer state and config of a checkpoint
+    (DepthlabError, one line, when a file is unreadable or not what depthlab writes)."""
+    try:
+        return _read_checkpoint(ckpt, with_optimizer)
+    except DepthlabError:
+        raise
+    except Exception as err:  # noqa: BLE001 - safetensors, json, torch.load errors: one line
+        raise DepthlabError(f"checkpoint {str(ckpt)!r} is unreadable: {type(err).__name__}: "
+                            f"{first_line(err)[:200]}") from None
+
+
+def _read_checkpoint(ckpt: Path, with_optimizer: bool) -> dict[str, Any]:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -159,8 +252,8 @@ def read_checkpoint(ckpt: Path, with_optimizer: bool = True) -> dict[str, Any]:
         "config": json.loads((ckpt / "config.json").read_text()),
     }
     if with_optimizer:
-        out["optimizer"] = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
-        out["rng"] = torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=True)
+        out["optimizer"] = _load_tensors(ckpt / "optimizer.pt")
+        out["rng"] = _load_tensors(ckpt / "rng.pt")
     return out
 
 
@@ -171,8 +264,7 @@ def load_run(path: str | Path, device: str | torch.device | None = None):
     from depthlab.data.tokenizers import load_tokenizer
     from depthlab.train.family import family_named
 
-    ckpt = find_checkpoint(path)
-    data = read_checkpoint(ckpt, with_optimizer=False)
+    ckpt, data = load_intact(path, with_optimizer=False)
     config = data["config"]
     family = family_named(config.get("family"))  # LM or ViT (runs from before families: LM)
     model_cfg = family.config_type.from_dict(config["model"])
@@ -180,6 +272,9 @@ def load_run(path: str | Path, device: str | torch.device | None = None):
     if scheme != model_cfg.scheme:
         raise DepthlabError(f"checkpoint {str(ckpt)!r} holds weights of scheme {scheme!r}, "
                             f"but its config says {model_cfg.scheme!r}; refusing to load")
+    bad = first_nonfinite(("weights", data["model"]))
+    if bad is not None:
+        raise DepthlabError(f"checkpoint {str(ckpt)!r} holds NaN/inf weights ({bad}); refusing to use it")
     model = family.with_weights(model_cfg, data["model"], f"checkpoint {str(ckpt)!r}", device)
     tokenizer = None
     for tdir in (ckpt.parent.parent / "tokenizer", ckpt / "tokenizer"):

@@ -16,6 +16,7 @@ from depthlab.errors import ConfigError, choices
 OPTIMIZERS = ("adam", "adamw")
 DTYPES = ("auto", "fp32", "bf16")
 DIST_MODES = ("none", "ddp", "fsdp")
+MAX_LR = 1e6  # larger learning rates overflow Adam's float32 arithmetic: refused as a typo
 
 #: docs/paper.md §4.2 per preset: (lr, steps, warm-up fraction, seq_len, global batch in sequences).
 PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -146,8 +147,8 @@ class TrainConfig(JsonConfig):
                 f"batch_size={self.batch_size} is not divisible by micro_batch_size={self.micro_batch_size}"
                 + (f" x world_size={world_size}" if world_size > 1 else "")
             )
-        if not (self.lr and self.lr > 0):
-            raise ConfigError(f"lr must be positive, got {self.lr!r}")
+        if not (self.lr and 0 < self.lr <= MAX_LR):  # also refuses NaN and inf
+            raise ConfigError(f"lr must be positive and at most {MAX_LR:g}, got {self.lr!r}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
         if self.warmup is not None and (self.warmup < 0 or self.warmup_steps > self.steps):

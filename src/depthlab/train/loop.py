@@ -31,11 +31,13 @@ from torch import nn
 from depthlab.config import ModelConfig
 from depthlab.errors import DepthlabError
 from depthlab.train import distributed as D
-from depthlab.train.checkpoint import find_checkpoint, list_checkpoints, read_checkpoint, save_checkpoint, set_rng_state
+from depthlab.train.checkpoint import load_intact, remove_stale_tmp, save_checkpoint, set_rng_state
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData
 from depthlab.train.evaluator import EvalResult, Evaluator
 from depthlab.train.family import Family, family_of
+from depthlab.train.integrity import first_nonfinite
+from depthlab.train.lock import RunGuard, run_guard
 from depthlab.train.metrics_log import MetricsLog
 from depthlab.train.optim import build_optimizer
 from depthlab.train.rundir import RESUME_KEYS, RunSetup, write_run_dir
@@ -59,7 +61,7 @@ class TrainingDiverged(RuntimeError):
 
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
           progress: Progress | None = None, quiet: bool = False, command: str | None = None,
-          start: StartFrom | None = None) -> dict[str, Any]:
+          start: StartFrom | None = None, allow_changed: tuple[str, ...] = ()) -> dict[str, Any]:
     """Pre-train ``model_cfg`` as ``train_cfg`` says, writing the run directory ``out_dir``.
 
     ``resume=True`` continues ``out_dir`` from its latest complete checkpoint (the model, tokenizer
@@ -67,11 +69,16 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *
     record (step, loss, lr, tokens, tokens_per_s); ``quiet`` hides the progress bar. Returns the
     summary (also written to ``summary.json``). ``start`` (:class:`~depthlab.train.start.StartFrom`):
     begin from given weights, tokenizer and data instead (fine-tuning). Raises DepthlabError on bad
-    input (before anything is written) and TrainingDiverged on a NaN/inf loss.
+    input (before anything is written) and TrainingDiverged on a NaN/inf loss or non-finite weights.
+    ``allow_changed``: schedule settings (lr, warmup, min_lr_ratio) a resume may change (recorded in
+    config.json). The run directory is locked for the whole run (one writer; see
+    :mod:`depthlab.train.lock`), and a fresh run whose set-up fails leaves nothing behind.
     """
     env = D.setup(train_cfg.dist, _device(train_cfg))
     try:
-        return _train(model_cfg, train_cfg, Path(out_dir), resume, progress, quiet, command, env, start)
+        with run_guard(Path(out_dir), env.is_main, existing=resume) as guard:
+            return _train(model_cfg, train_cfg, Path(out_dir), resume, progress, quiet, command, env, allow_changed,
+                          guard, start)
     finally:
         D.teardown(env)
 
@@ -79,7 +86,10 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *
 def _device(cfg: TrainConfig, env_local_rank: int = 0) -> torch.device:
     """``cfg.device``, else this rank's CUDA device when there is one, else the CPU."""
     if cfg.device:
-        dev = torch.device(cfg.device)
+        try:
+            dev = torch.device(cfg.device)
+        except (RuntimeError, TypeError):
+            raise DepthlabError(f"unknown device {cfg.device!r}; choose cpu, cuda, cuda:N or mps") from None
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise DepthlabError(f"device {cfg.device!r} requested but CUDA is not available")
         return dev
@@ -87,18 +97,27 @@ def _device(cfg: TrainConfig, env_local_rank: int = 0) -> torch.device:
 
 
 def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, progress: Progress | None,
-           quiet: bool, command: str | None, env: D.DistEnv, start: StartFrom | None = None) -> dict[str, Any]:
+           quiet: bool, command: str | None, env: D.DistEnv, allow_changed: tuple[str, ...],
+           guard: RunGuard, start: StartFrom | None = None) -> dict[str, Any]:
     """:func:`train` inside the joined process group: set up, run the steps, write summary.json."""
     t_start = time.perf_counter()
     device = _device(train_cfg, env.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     family = family_of(model_cfg)  # LM or ViT: how to build, feed and evaluate (family.py)
-    given = {"tokenizer": start.tokenizer} if start else {}  # fine-tuning: the source's tokenizer (LMs)
-    run = family.open_run(model_cfg, train_cfg, out, resume, env, **given)  # bad input fails here or in the next
+    if allow_changed and family.name != "lm":
+        raise DepthlabError(f"--allow-changed is supported for language-model runs only, not {family.name!r}")
+    extra: dict[str, Any] = {"allow_changed": allow_changed} if allow_changed else {}
+    if start is not None:
+        extra["tokenizer"] = start.tokenizer  # fine-tuning: the source's tokenizer (LMs)
+    run = family.open_run(model_cfg, train_cfg, out, resume, env, **extra)  # bad input fails here or in the next
     data = start.load_data(run.cfg, run.tokenizer, env) if start else family.load_data(run, env)  # line; no writes
+    guard.create()  # a fresh run's directory, locked; removed again if set-up fails
+    if env.is_main:
+        remove_stale_tmp(out)
     config = write_run_dir(run, command, env, start.record if start else None)
     session = _start_session(family, run, data, config, device, env, None if start is None else start.state_dict)
+    guard.keep()
     try:
         done = _run_steps(session, progress, quiet)
     finally:
@@ -162,19 +181,25 @@ def _restore(out: Path, module: nn.Module, model: nn.Module, optimizer: torch.op
              env: D.DistEnv) -> dict[str, Any]:
     """Load the run's latest complete checkpoint (weights, optimizer, RNG; every rank); returns
     the session counters it records: start, tokens, wall_before, last_ckpt."""
-    data = read_checkpoint(find_checkpoint(out))
+    ckpt, data = load_intact(out)  # the newest intact checkpoint (a damaged one is named and skipped)
     D.load_full_state_dicts(module, model, optimizer, data["model"], data["optimizer"])
     set_rng_state(data["rng"])
     state = data["state"]
     if env.is_main:
         log.info("resuming %s from step %d", out, state["step"])
     return {"start": state["step"], "tokens": state["tokens"], "wall_before": state.get("wall_s", 0.0),
-            "last_ckpt": list_checkpoints(out)[-1]}
+            "last_ckpt": ckpt}
 
 
 def _checkpoint(s: _Session, step: int) -> Path:
-    """Save step ``step`` (collective: full state dicts gathered on every rank, rank 0 writes)."""
+    """Save step ``step`` (collective: full state dicts gathered on every rank, rank 0 writes). Weights
+    or optimizer state holding NaN/inf are never written: TrainingDiverged names the newest finite one."""
     msd, osd = D.full_state_dicts(s.module, s.model, s.optimizer)
+    bad = first_nonfinite(("model", msd), ("optimizer", osd))
+    if bad is not None:
+        where = f"last good checkpoint: {s.last_ckpt}" if s.last_ckpt else "no checkpoint was written yet"
+        raise TrainingDiverged(f"non-finite values in {bad} at step {step}; stopped without saving it ({where})",
+                               step, s.last_ckpt)
     path = None
     if s.env.is_main:
         state = {"tokens": s.tokens, "sequences": step * s.run.cfg.batch_size, "wall_s": s.wall(),

@@ -7,10 +7,39 @@ grad_norm), eval lines (eval_loss, eval_ppl, eval_tokens) and probe lines (layer
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from depthlab.errors import DepthlabError
+
+log = logging.getLogger(__name__)
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep the lines of ``path`` up to ``step``: written to a new file, fsynced, renamed over the old
+    one (a crash leaves either the old or the new history, never half). A torn (unparsable) line, as a
+    crash mid-write leaves, is dropped with a warning."""
+    keep, torn = [], 0
+    for ln in path.read_text(errors="replace").splitlines():
+        if not ln.strip():
+            continue
+        try:
+            rec = json.loads(ln)
+        except ValueError:
+            torn += 1
+            continue
+        if isinstance(rec, dict) and rec.get("step", 0) <= step:
+            keep.append(ln)
+    if torn:
+        log.warning("%s: dropped %d unreadable line(s) (a write cut short)", path, torn)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.write("".join(ln + "\n" for ln in keep))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 class MetricsLog:
@@ -22,9 +51,7 @@ class MetricsLog:
         if not enabled:
             return
         if keep_until is not None and path.is_file():  # resuming: drop lines past the checkpoint
-            lines = [ln for ln in path.read_text().splitlines()
-                     if ln.strip() and json.loads(ln).get("step", 0) <= keep_until]
-            path.write_text("".join(ln + "\n" for ln in lines))
+            _truncate_after(path, keep_until)
         self.f = path.open("a")
         if tensorboard:
             try:

@@ -11,7 +11,8 @@ tokenizer, model and :data:`RESUME_KEYS` settings (they fix the data order and t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,14 @@ from depthlab.errors import DepthlabError
 from depthlab.provenance import command_line, versions
 from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
+from depthlab.train.integrity import data_fingerprint, fingerprint_change
 
 #: TrainConfig fields that must match to resume a run (they fix the data order and the update rule).
 RESUME_KEYS = ("data", "val_data", "text_field", "tokenizer", "seq_len", "pack", "streaming", "batch_size", "steps",
                "lr", "warmup", "min_lr_ratio", "optimizer", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip",
                "seed")
+#: RESUME_KEYS a resume may change when asked explicitly (``--allow-changed lr,warmup,min_lr_ratio``).
+CHANGEABLE_KEYS = ("lr", "warmup", "min_lr_ratio")
 
 
 @dataclass(frozen=True)
@@ -47,32 +51,62 @@ class RunSetup:
     tokenizer: Tokenizer | None  # None for families without one (ViT)
     resume: bool
     saved: dict[str, Any] | None  # the run's config.json when resuming
+    changed: dict[str, list] = field(default_factory=dict)  # key -> [saved, new], allowed on resume
     family: str = "lm"  # depthlab.train.family: which family builds, feeds and evaluates the model
 
 
 def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv,
-             tokenizer: Tokenizer | None = None) -> RunSetup:
+             tokenizer: Tokenizer | None = None, allow_changed: tuple[str, ...] = ()) -> RunSetup:
     """Check ``out``, resolve the training config and the tokenizer (``tokenizer``: a fresh run's
     given one, e.g. a fine-tuned model's own), check a resume; writes nothing (a BPE tokenizer may be
-    trained into the cache). Raises DepthlabError on any mismatch."""
+    trained into the cache). Raises DepthlabError on any mismatch. ``allow_changed``:
+    :data:`CHANGEABLE_KEYS` a resume may change."""
+    bad = [k for k in allow_changed if k not in CHANGEABLE_KEYS]
+    if bad:
+        raise DepthlabError(f"--allow-changed {','.join(bad)}: only {', '.join(CHANGEABLE_KEYS)} may change on resume")
     saved = saved_config(out) if resume else None
-    if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if not resume and out.exists() and (not out.is_dir() or any(p.name != ".lock" for p in out.iterdir())):
         raise DepthlabError(f"run directory {str(out)!r} already exists; "
                             "pass --resume to continue it or choose a new --out")
     cfg = train_cfg.resolve(model_cfg, env.world_size)
     tok = tokenizer if tokenizer is not None and not resume else resolve_tokenizer(cfg, out, resume, env)
     cfg = cfg.replace(tokenizer=tok.spec)
     model_cfg = model_cfg.replace(vocab_size=tok.vocab_size)
+    changed = {}
     if saved is not None:
-        check_resume(saved, model_cfg, cfg, out)
-    return RunSetup(out, model_cfg, cfg, tok, resume, saved)
+        check_inputs(saved, tok, cfg, out)  # first: a swapped tokenizer also changes vocab_size
+        changed = check_resume(saved, model_cfg, cfg, out, allow_changed)
+    return RunSetup(out, model_cfg, cfg, tok, resume, saved, changed)
 
 
 def saved_config(out: Path) -> dict[str, Any]:
     """``out/config.json`` of a run to resume (DepthlabError when there is none)."""
     if not (out / "config.json").is_file():
         raise DepthlabError(f"cannot resume {str(out)!r}: no config.json there (not a run directory)")
-    return json.loads((out / "config.json").read_text())
+    try:
+        saved = json.loads((out / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise DepthlabError(f"cannot resume {str(out)!r}: its config.json is unreadable ({err})") from None
+    if not isinstance(saved, dict) or not {"model", "train"} <= saved.keys():
+        raise DepthlabError(f"cannot resume {str(out)!r}: its config.json is not a depthlab run config")
+    return saved
+
+
+def check_inputs(saved: dict[str, Any], tok: Tokenizer, cfg: TrainConfig, out: Path) -> None:
+    """Refuse a resume whose tokenizer on disk or local data files differ from the ones the run
+    started with (the saved tokenizer fingerprint; size, mtime and head hash of each data file)."""
+    fp = (saved.get("tokenizer") or {}).get("fingerprint")
+    if fp is not None and fp != tok.fingerprint():
+        raise DepthlabError(f"cannot resume {str(out)!r}: the tokenizer in {str(out / 'tokenizer')!r} is not the one "
+                            f"the run was trained with (fingerprint {tok.fingerprint()}, saved {fp})")
+    for key, spec in (("data", cfg.data), ("val_data", cfg.val_data)):
+        before = (saved.get("data_fingerprint") or {}).get(key)
+        if before is None:
+            continue
+        change = fingerprint_change(before, data_fingerprint(spec))
+        if change:
+            raise DepthlabError(f"cannot resume {str(out)!r}: --{key.replace('_', '-')} {spec!r} changed since the "
+                                f"run started: {change}")
 
 
 def resolve_tokenizer(cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv) -> Tokenizer:
@@ -102,17 +136,22 @@ def resolve_tokenizer(cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv)
     return tok
 
 
-def check_resume(saved: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig, out: Path) -> None:
+def check_resume(saved: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig, out: Path,
+                 allow: tuple[str, ...] = ()) -> dict[str, list]:
     """Raise DepthlabError naming what differs when the saved run has another model or other
-    :data:`RESUME_KEYS` settings."""
+    :data:`RESUME_KEYS` settings than ``allow`` lists; returns the allowed changes, key -> [saved, new]."""
     if saved["model"] != model_cfg.to_dict():
         diff = sorted(k for k in model_cfg.to_dict() if saved["model"].get(k) != model_cfg.to_dict()[k])
         raise DepthlabError(f"cannot resume {str(out)!r}: the model differs from the saved run in {', '.join(diff)} "
                             f"(saved scheme {saved['model'].get('scheme')!r})")
     diff = [k for k in RESUME_KEYS if saved["train"].get(k) != getattr(cfg, k)]
-    if diff:
-        detail = ", ".join(f"{k}={getattr(cfg, k)!r} (saved {saved['train'].get(k)!r})" for k in diff)
-        raise DepthlabError(f"cannot resume {str(out)!r}: training settings differ: {detail}")
+    refused = [k for k in diff if k not in allow]
+    if refused:
+        detail = ", ".join(f"{k}={getattr(cfg, k)!r} (saved {saved['train'].get(k)!r})" for k in refused)
+        hint = (" (pass --allow-changed " + ",".join(k for k in refused if k in CHANGEABLE_KEYS) + " to change them)"
+                if any(k in CHANGEABLE_KEYS for k in refused) else "")
+        raise DepthlabError(f"cannot resume {str(out)!r}: training settings differ: {detail}{hint}")
+    return {k: [saved["train"].get(k), getattr(cfg, k)] for k in diff}
 
 
 def run_config(run: RunSetup, command: str | None, world_size: int,
@@ -126,10 +165,28 @@ def run_config(run: RunSetup, command: str | None, world_size: int,
                                                      "eos_id": tok.eos_id, "pad_id": tok.pad_id,
                                                      "fingerprint": tok.fingerprint()},
               "versions": versions(), "command": command or command_line(), "world_size": world_size,
-              "family": run.family, **(record or {})}
+              "family": run.family,
+              "data_fingerprint": {"data": data_fingerprint(run.cfg.data),
+                                   "val_data": data_fingerprint(run.cfg.val_data)},
+              **(record or {})}
     if run.resume:
-        return {**run.saved, "command_resume": config["command"], "versions": config["versions"]}
+        resumed = {**run.saved, "command_resume": config["command"], "versions": config["versions"]}
+        if run.changed:  # the new schedule rules from now on; the history says what changed when
+            resumed["train"] = {**run.saved["train"], **{k: new for k, (_, new) in run.changed.items()}}
+            resumed["resume_changes"] = [*run.saved.get("resume_changes", []),
+                                         {"command": config["command"], "changed": run.changed}]
+        return resumed
     return config
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to a temporary file beside ``path``, fsync it, rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w") as f:
+        f.write(json.dumps(obj, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def write_run_dir(run: RunSetup, command: str | None, env: D.DistEnv,
@@ -139,8 +196,10 @@ def write_run_dir(run: RunSetup, command: str | None, env: D.DistEnv,
     config = run_config(run, command, env.world_size, record)
     if env.is_main and not run.resume:
         run.out.mkdir(parents=True, exist_ok=True)
-        (run.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        write_json_atomic(run.out / "config.json", config)
         if run.tokenizer is not None:
             run.tokenizer.save(run.out / "tokenizer")
+    elif env.is_main and run.changed:
+        write_json_atomic(run.out / "config.json", config)
     D.barrier(env)
     return config
