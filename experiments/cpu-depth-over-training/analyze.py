@@ -15,7 +15,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from depthlab.data import eval_token_batches
@@ -78,7 +77,7 @@ def main() -> None:
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     figure(results, args.out / "depth_over_training.png")
     assert set(TRACKED) <= set(next(iter(next(iter(results.values()))["probes"].values())))
-    print(np.__name__, "ok:", args.out / "results.json")
+    print(f"wrote {args.out / 'results.json'} and {args.out / 'depth_over_training.png'}")
 
 
 if __name__ == "__main__":
