@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from depthlab.schemes import BASELINE_SCHEME
+
 log = logging.getLogger("depthlab.diagnose")
 
 USAGE = """\
@@ -82,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help="auto: bf16 on GPU, fp32 on CPU")
-    p.add_argument("--scheme", default="pre", help="scheme of a preset:NAME target (default pre)")
+    p.add_argument("--scheme", default=BASELINE_SCHEME, help=f"scheme of a preset:NAME target (default {BASELINE_SCHEME})")
     g = p.add_argument_group("what to measure")
     g.add_argument("--no-removal", action="store_true", help="skip the layer-removal sweep")
     jac = g.add_mutually_exclusive_group()

@@ -27,9 +27,10 @@ from depthlab.hf.architectures import SUPPORTED_MODEL_TYPES
 from depthlab.model import DecoderLM, model_with_weights
 from depthlab.nn.blocks import PreNormBlock
 from depthlab.nn.norms import ChannelGain, RMSNorm, ScalarGain, Scale
-from depthlab.schemes import LNS_POSITIONS, SCHEMES, scheme_names
+from depthlab.schemes import BASELINE_SCHEME, LNS_POSITIONS, SCHEMES, scheme_names
 
 log = logging.getLogger(__name__)
+LNS_SCHEME = scheme_names(lns=True)[0]  # what an HF checkpoint marked with LNS (after-norm) loads as
 
 # depthlab key pattern -> HF key pattern (per-layer keys use {i})
 _KEY_MAP: list[tuple[str, str]] = [
@@ -128,11 +129,11 @@ def _scheme_for(hf_cfg: Any, scheme: str | None) -> str:
 
     lns = layernorm_scaling_marker(hf_cfg) is not None
     if scheme is None:
-        return "lns" if lns else "pre"
-    if lns and scheme != "lns":
+        return LNS_SCHEME if lns else BASELINE_SCHEME
+    if lns and scheme != LNS_SCHEME:
         raise DepthlabError(
             f"this HF model was trained with LayerNorm Scaling (config.layernorm_scaling); loading it as "
-            f"scheme {scheme!r} would give a different model: use scheme='lns', or fold it first with "
+            f"scheme {scheme!r} would give a different model: use scheme={LNS_SCHEME!r}, or fold it first with "
             "depthlab.hf.fold_layernorm_scaling"
         )
     return scheme

@@ -9,16 +9,21 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from depthlab.plots._base import save, subplots
+from depthlab.schemes import SCHEMES
 
-COLORS = {"pre": "#d62728", "lns": "#1f77b4"}
-LABELS = {"pre": "Pre-LN", "lns": "LNS"}
+PALETTE = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd")  # curves in the order given (the baseline first)
+
+
+def _label(name: str) -> str:
+    """A scheme's short name from the registry's summary ("Pre-LN: ..." -> "Pre-LN"); other keys as given."""
+    return SCHEMES[name].summary.split(":")[0] if name in SCHEMES else name
 
 
 def _curves(ax: Axes, x: Mapping[str, Sequence[float]] | Sequence[float], ys: Mapping[str, Sequence[float]],
             marker: str | None = None) -> None:
-    for name, y in ys.items():
+    for i, (name, y) in enumerate(ys.items()):
         xs = x[name] if isinstance(x, Mapping) else x
-        ax.plot(xs, y, color=COLORS.get(name), label=LABELS.get(name, name), marker=marker, ms=4, lw=1.8)
+        ax.plot(xs, y, color=PALETTE[i % len(PALETTE)], label=_label(name), marker=marker, ms=4, lw=1.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.25)
