@@ -95,3 +95,12 @@ def test_cli_rejects_bad_image_folders_in_one_line(tmp_path, capsys):
         assert main(["train", "--preset", "vit-tiny", *TINY_SET, "--data", str(folder), "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_the_default_data_of_a_vit_is_the_builtin_image_set():
+    from depthlab.train import TrainConfig
+    from depthlab.train.vit_family import vit_train_config
+    from depthlab.vit import vit_from_preset
+
+    cfg = vit_train_config(TrainConfig(), vit_from_preset("vit-tiny"))
+    assert cfg.data == "digits" and TrainConfig().data == "builtin"

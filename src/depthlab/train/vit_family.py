@@ -39,7 +39,10 @@ VIT_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def vit_train_config(train_cfg: TrainConfig, vit_cfg: Any, world_size: int = 1) -> TrainConfig:
-    """``train_cfg`` with the ViT preset's defaults where it left None, resolved (``seq_len`` = tokens per image)."""
+    """``train_cfg`` with the ViT preset's defaults where it left None, resolved (``seq_len`` = tokens per image).
+    ``data="builtin"`` (the default) means the built-in *image* set for a ViT: scikit-learn's digits."""
+    if train_cfg.data == "builtin":
+        train_cfg = train_cfg.replace(data="digits")
     preset = VIT_DEFAULTS.get(vit_cfg.name, VIT_DEFAULTS["vit-tiny"])
     defaults = {**preset, "seq_len": vit_cfg.seq_len, "eval_tokens": 1}
     given = train_cfg.to_dict()
