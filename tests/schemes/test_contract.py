@@ -121,7 +121,10 @@ def test_saved_configs_from_before_the_registry_still_load():
     cfg = d.ModelConfig.from_dict(old)
     assert cfg.scheme_options == {"lns_position": "after-branch"}
     assert d.scheme_option(cfg, "position") == "after-branch"
-    assert isinstance(d.build_model(small("lns", lns_position="after-branch")).blocks[1].attn_out, torch.nn.Module)
+    from depthlab.nn import Scale
+
+    block = d.build_model(cfg.replace(n_layers=2, d_model=32, n_heads=2, d_ff=48, vocab_size=61)).blocks[1]
+    assert isinstance(block.attn_out, Scale) and block.attn_out.scale == pytest.approx(2 ** -0.5)  # LNS after the branch
 
 
 def test_readme_scheme_table_is_generated_from_the_registry():

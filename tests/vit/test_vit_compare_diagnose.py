@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from depthlab.cli import main
 from depthlab.compare import CompareConfig, run_dirname, run_name
@@ -13,14 +12,6 @@ from depthlab.scheme_spec import parse_scheme_spec
 needs_sklearn = pytest.mark.skipif(__import__("importlib.util").util.find_spec("sklearn") is None,
                                    reason="the digits need scikit-learn")
 TINY_SET = ["--set", "n_layers=3", "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_scheme_spec_parses_labels_and_safe_names():

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from depthlab.cli import main
 from depthlab.errors import DepthlabError
@@ -14,14 +13,6 @@ needs_sklearn = pytest.mark.skipif(__import__("importlib.util").util.find_spec("
                                    reason="the digits need scikit-learn")
 TINY = dict(n_layers=3, d_model=16, n_heads=2, d_ff=32)
 TINY_SET = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _model(scheme="lns", **kw):

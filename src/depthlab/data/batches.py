@@ -121,6 +121,26 @@ def write_shards(spec: str, tokenizer: Tokenizer, out_dir: str | Path, text_fiel
 
 
 # ---------------------------------------------------------------------- training sequences
+class SeededOrder:
+    """The order in which a training source serves its ``n`` items: global item ``g`` is
+    ``permutation(epoch = g // n)[g % n]``, a fresh seeded permutation per epoch. Shared by the
+    pre-training and fine-tuning sources, so a seed fixes the same order everywhere."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+        self._perm: dict[int, np.ndarray] = {}  # the current epoch's permutation only
+
+    def _epoch(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perm:
+            self._perm = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.n)}
+        return self._perm[epoch]
+
+    def ids(self, start: int, count: int) -> np.ndarray:
+        """Item numbers of global items ``start .. start+count-1``."""
+        n = self.n
+        return np.asarray([self._epoch(g // n)[g % n] for g in range(start, start + count)], dtype=np.int64)
+
+
 class TokenSequences:
     """All training windows of a split, in memory (or memory-mapped), served in seeded order."""
 
@@ -128,20 +148,14 @@ class TokenSequences:
         if len(rows) == 0:
             raise DepthlabError("the training data is too short to fill one sequence; add data or lower --seq-len")
         self.rows, self.lengths, self.seed = rows, lengths, seed
-        self._perm: dict[int, np.ndarray] = {}
+        self.order = SeededOrder(len(rows), seed)
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def _order(self, epoch: int) -> np.ndarray:
-        if epoch not in self._perm:
-            self._perm = {epoch: np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))}
-        return self._perm[epoch]
-
     def row_ids(self, start: int, count: int) -> np.ndarray:
         """Row numbers of global sequences ``start .. start+count-1``."""
-        n = len(self.rows)
-        return np.asarray([self._order(g // n)[g % n] for g in range(start, start + count)], dtype=np.int64)
+        return self.order.ids(start, count)
 
     def batch(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and labels (count, T) of global sequences ``start .. start+count-1``."""

@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from depthlab.config import ModelConfig
 from depthlab.data import Tokenizer
+from depthlab.data.batches import SeededOrder
 from depthlab.errors import DepthlabError
 from depthlab.finetune.data import SFTDataset, get_template, load_records, pack_examples, pad_examples
 from depthlab.train.config import TrainConfig
@@ -149,21 +149,15 @@ class SFTRows:
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> None:
         self.x, self.y, self.seed = x, y, seed
-        self._perm: dict[int, np.ndarray] = {}
+        self.order = SeededOrder(len(x), seed)  # the pre-training sources' order
 
     def __len__(self) -> int:
         return len(self.x)
 
-    def _order(self, epoch: int) -> np.ndarray:
-        if epoch not in self._perm:
-            self._perm = {epoch: np.random.default_rng([self.seed, epoch]).permutation(len(self.x))}
-        return self._perm[epoch]
-
     def rank_batch(self, step: int, batch_size: int, rank: int = 0, world_size: int = 1
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        per, n = batch_size // world_size, len(self.x)
-        start = step * batch_size + rank * per
-        idx = torch.as_tensor([int(self._order(g // n)[g % n]) for g in range(start, start + per)])
+        per = batch_size // world_size
+        idx = torch.as_tensor(self.order.ids(step * batch_size + rank * per, per))
         return self.x[idx], self.y[idx]
 
 

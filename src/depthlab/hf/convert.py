@@ -283,6 +283,22 @@ def set_special_token_ids(hf_model: nn.Module, tokenizer: Any) -> None:
             setattr(hf_model.generation_config, key, value)
 
 
+def save_hf_checkpoint(hf_model: nn.Module, out_dir: str | Path, tokenizer: Any = None) -> Path:
+    """``save_pretrained`` (safetensors) into ``out_dir`` plus the tokenizer's HF files (a warning when
+    the tokenizer has no HF equivalent, e.g. ``bytes``)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(out, safe_serialization=True)
+    if tokenizer is not None:
+        hf_tok = hf_tokenizer(tokenizer)
+        if hf_tok is None:
+            log.warning("tokenizer %r has no Hugging Face equivalent; the checkpoint has no tokenizer files",
+                        getattr(tokenizer, "spec", tokenizer))
+        else:
+            hf_tok.save_pretrained(out)
+    return out
+
+
 def _foldable(scheme: str, **options: Any) -> bool:
     """Whether a model of ``scheme`` (with ``options``) folds into a vanilla Llama checkpoint: decided
     by its structure, on a two-block probe built on the meta device."""
@@ -374,16 +390,7 @@ def to_hf(model: DecoderLM, out_dir: str | Path, *, dtype: torch.dtype = torch.f
         "folded": True,  # the scalings are in the weights: this is a vanilla model
     }
     set_special_token_ids(hf_model, tokenizer)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    hf_model.save_pretrained(out, safe_serialization=True)
-    if tokenizer is not None:
-        hf_tok = hf_tokenizer(tokenizer)
-        if hf_tok is None:
-            log.warning("tokenizer %r has no Hugging Face equivalent; the export has no tokenizer files",
-                        getattr(tokenizer, "spec", tokenizer))
-        else:
-            hf_tok.save_pretrained(out)
+    out = save_hf_checkpoint(hf_model, out_dir, tokenizer)
     (out / "depthlab_config.json").write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
     log.info("wrote Hugging Face checkpoint to %s", out)
     return out

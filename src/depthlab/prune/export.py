@@ -141,23 +141,13 @@ def hf_model_of(model: nn.Module) -> nn.Module:
 
 def write_hf(model: nn.Module, out: str | Path, tokenizer: Any = None, provenance: dict | None = None) -> Path:
     """``save_pretrained`` (safetensors) plus the tokenizer; ``provenance`` lands in config.json under ``depthlab``."""
-    from depthlab.hf.convert import hf_tokenizer, set_special_token_ids
+    from depthlab.hf.convert import save_hf_checkpoint, set_special_token_ids
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     if tokenizer is not None and not hasattr(getattr(tokenizer, "tok", None), "all_special_ids"):
         set_special_token_ids(model, tokenizer)  # a depthlab tokenizer: its ids, not LlamaConfig's bos=1 / eos=2
     if provenance is not None:
         model.config.depthlab = {**(getattr(model.config, "depthlab", None) or {}), **provenance}
-    model.save_pretrained(out, safe_serialization=True)
-    if tokenizer is not None:
-        hf_tok = hf_tokenizer(tokenizer)
-        if hf_tok is None:
-            log.warning("tokenizer %r has no Hugging Face equivalent; the checkpoint has no tokenizer files",
-                        getattr(tokenizer, "spec", tokenizer))
-        else:
-            hf_tok.save_pretrained(out)
-    return out
+    return save_hf_checkpoint(model, out, tokenizer)
 
 
 @torch.no_grad()
