@@ -92,12 +92,39 @@ def test_bad_input_gives_one_line_exit_2_and_writes_nothing(hf_dir, tmp_path, ca
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("peft") is not None, reason="peft is installed")
-def test_lora_healing_without_peft_is_refused(hf_dir, tmp_path, capsys):
+def test_lora_healing_without_peft_is_refused(hf_dir, tmp_path, capsys, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
     out = tmp_path / "out"
     _exit_2(["prune", str(hf_dir()), "--remove", "1", "--heal", "lora", "--heal-steps", "5", "--out", str(out)],
             capsys, "peft")
     assert not out.exists()
+
+
+def test_lora_healing_trains_adapters_merges_them_and_exports_a_plain_checkpoint(hf_dir, tmp_path):
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    src = hf_dir()
+    out = tmp_path / "out"
+    assert main(["prune", str(src), "--blocks", "2", "--heal", "lora", "--heal-steps", "3", "--heal-lr", "1e-2",
+                 "--data", "builtin", "--out", str(out), *FAST]) == 0
+    rep = json.loads((out / "prune.json").read_text())
+    assert rep["heal"]["mode"] == "lora" and rep["heal"]["steps"] == 3
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()  # merged: no adapter keys, plain Llama
+    assert not any("lora" in k for k in loaded.state_dict())
+    before = AutoModelForCausalLM.from_pretrained(src).eval().state_dict()
+    after = loaded.state_dict()
+
+    def original(key: str) -> str:  # block 2 (1-based, layers.1) is gone: layers.i for i >= 1 was layers.i+1
+        parts = key.split(".")
+        if parts[:2] == ["model", "layers"] and int(parts[2]) >= 1:
+            parts[2] = str(int(parts[2]) + 1)
+        return ".".join(parts)
+
+    changed = {k for k in after if not torch.equal(after[k], before[original(k)])}
+    assert changed, "LoRA healing changed no weight"
+    assert all(k.endswith("proj.weight") for k in changed), sorted(changed)  # only where adapters were merged
 
 
 def test_architecture_without_a_known_layer_list_is_refused(tmp_path, capsys):
@@ -161,6 +188,38 @@ def test_prune_lns_run_keeps_original_depths(tmp_path):
     assert pruned.model.cfg.block_depths == rep["kept_blocks"] and pruned.model.cfg.scheme == "lns"
     with torch.no_grad():
         torch.testing.assert_close(pruned.model(ids).logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_pruned_run_continues_training_with_init_from(tmp_path):
+    import shutil
+
+    from depthlab.train.checkpoint import load_run
+
+    run = _lns_run(tmp_path)
+    pruned = tmp_path / "pruned"
+    assert main(["prune", str(run), "--blocks", "2,5", "--out", str(pruned), *FAST]) == 0
+    src_model = load_target(str(pruned / "run")).model
+    out = tmp_path / "healed"
+    lr = 1e-5
+    assert main(["train", "--init-from", str(pruned / "run"), "--data", "builtin", "--steps", "2", "--lr", str(lr),
+                 "--warmup", "0", "--batch-size", "4", "--seq-len", "32", "--eval-every", "0", "--eval-tokens", "256",
+                 "--variance-every", "0", "--ckpt-every", "1", "--no-plots", "-q", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["init_from"]["kind"] == "depthlab-run" and config["init_from"]["scheme"] == "lns"
+    ckpt = out / "checkpoint"
+    first, _, _ = load_run(ckpt / "step-00000001")
+    assert first.cfg.block_depths == [1, 3, 4, 6] and first.cfg.n_layers == 4  # the original depths travel
+    start, after = src_model.state_dict(), first.state_dict()
+    assert start.keys() == after.keys()
+    # One Adam step moves every weight by at most ~lr: it started from the pruned weights, not a fresh init.
+    assert max((after[k] - start[k]).abs().max().item() for k in start) <= 1.01 * lr
+    # ... and it is an ordinary run: without its last checkpoint it resumes and redoes step 2 exactly
+    want = load_run(ckpt / "step-00000002")[0].state_dict()
+    shutil.rmtree(ckpt / "step-00000002")
+    assert main(["train", "--resume", str(out), "--no-plots", "-q"]) == 0
+    again = load_run(ckpt / "step-00000002")[0]
+    assert again.cfg.block_depths == [1, 3, 4, 6]
+    assert all(torch.equal(again.state_dict()[k], want[k]) for k in want)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ examples:
   depthlab train --preset tiny --scheme lns --data builtin --steps 300 --out runs/lns
   depthlab train --preset tiny --scheme pre --set n_layers=8 --data corpus.jsonl --text-field body --out runs/pre
   depthlab train --resume runs/lns                       # continue from the latest checkpoint
+  depthlab train --init-from pruned/lns-12/run --data builtin --steps 300 --out runs/lns-12-healed
   depthlab train --preset vit-tiny --scheme lns --set lns_position=after-branch --data digits --out runs/vit
   torchrun --nproc_per_node 8 -m depthlab train --preset llama-130m --scheme lns \\
       --data hf:allenai/c4:en --tokenizer hf:t5-base --seq-len 256 --batch-size 512 --dist fsdp --out runs/130m
@@ -71,6 +72,9 @@ def register(subparsers) -> None:
     r = p.add_argument_group("run directory, evaluation, checkpoints")
     r.add_argument("--out", help="run directory (must not exist unless --resume)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
+    r.add_argument("--init-from", metavar="SOURCE",
+                   help="start a new run from the weights, model config and tokenizer of SOURCE: a depthlab run "
+                        "(e.g. a pruned one: <prune --out>/run) or an HF model directory; fresh optimizer, step 0")
     r.add_argument("--allow-changed", metavar="KEYS", default="",
                    help="with --resume: schedule settings that may differ from the saved run, "
                         "e.g. lr,warmup,min_lr_ratio (recorded in config.json)")
@@ -94,12 +98,15 @@ def register(subparsers) -> None:
 
 
 def build_configs(args):
-    """(ModelConfig, TrainConfig, out_dir, resume) from parsed args (saved config when resuming)."""
+    """(ModelConfig, TrainConfig, out_dir, resume, start) from parsed args (saved config when resuming;
+    the source's model and tokenizer with ``--init-from``)."""
     from depthlab.errors import DepthlabError
     from depthlab.train import TrainConfig
     from depthlab.train.family import family_named, model_config_from_saved, model_from_preset
 
     resume = args.resume is not None
+    if resume and args.init_from:
+        raise DepthlabError("give --resume RUN_DIR or --init-from SOURCE, not both")
     if resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
         raise DepthlabError(f"--out {args.out!r} differs from --resume {args.resume!r}; give one run directory")
     out = args.resume if resume else args.out
@@ -124,10 +131,31 @@ def build_configs(args):
         else:
             model_cfg = model_config_from_saved(saved)
         train_cfg = TrainConfig.from_dict({**saved["train"], **given})
+    elif args.init_from:
+        model_cfg, train_cfg, start = _init_from(args, given)
+        return model_cfg, train_cfg, out, False, start
     else:
         model_cfg = model_from_preset(args.preset or "tiny", **{**scheme, **overrides})
         train_cfg = TrainConfig(**given)
-    return model_cfg, train_cfg, out, resume
+    return model_cfg, train_cfg, out, resume, None
+
+
+def _init_from(args, given: dict):
+    """(model config, TrainConfig, StartFrom) for ``--init-from``: the source's model config (its scheme and,
+    for a pruned run, each block's original depth), weights and tokenizer; the run's settings from the flags."""
+    from depthlab.config import ModelConfig
+    from depthlab.errors import DepthlabError
+    from depthlab.train import TrainConfig
+    from depthlab.train.data import load_train_data
+    from depthlab.train.start import StartFrom, load_source
+
+    if args.preset or args.scheme or args.model_set:
+        raise DepthlabError("--init-from takes the model from its source; drop --preset, --scheme and --set")
+    src = load_source(args.init_from, "--init-from source")
+    if not isinstance(src.model_cfg, ModelConfig):
+        raise DepthlabError(f"--init-from {args.init_from!r} is not a language model; it starts LM runs only")
+    start = StartFrom(src.tokenizer, src.state_dict, load_train_data, {"init_from": src.info})
+    return src.model_cfg, TrainConfig(**{**given, "tokenizer": src.tokenizer.spec}), start
 
 
 def _allowed(text: str, resume: bool) -> tuple[str, ...]:
@@ -144,10 +172,10 @@ def run(args) -> int:
     from depthlab.train import TrainingDiverged, train
     from depthlab.train.distributed import is_main_process
 
-    model_cfg, train_cfg, out, resume = build_configs(args)
+    model_cfg, train_cfg, out, resume, start = build_configs(args)
     try:
         summary = train(model_cfg, train_cfg, out, resume=resume, quiet=args.quiet, command=command_line(args.argv),
-                        allow_changed=_allowed(args.allow_changed, resume))
+                        allow_changed=_allowed(args.allow_changed, resume), start=start)
     except TrainingDiverged as err:
         print(f"depthlab train: error: {err}", file=sys.stderr)
         return 1

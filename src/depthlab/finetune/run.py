@@ -31,7 +31,6 @@ held-out set is a seeded 5% of the records (at most
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -48,6 +47,7 @@ from depthlab.errors import DepthlabError
 from depthlab.finetune.data import SFTDataset, get_template, load_records, pack_examples, pad_examples
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData
+from depthlab.train.start import Source, _json, load_source
 
 log = logging.getLogger(__name__)
 
@@ -58,59 +58,6 @@ VAL_FRACTION, MAX_VAL_RECORDS, SPLIT_SEED = 0.05, 200, 0
 
 
 # ---------------------------------------------------------------------------------- the source
-@dataclass
-class Source:
-    model_cfg: ModelConfig
-    state_dict: dict[str, torch.Tensor]
-    tokenizer: Tokenizer
-    info: dict[str, Any]
-
-
-def load_source(path: str | Path) -> Source:
-    """A depthlab run / checkpoint directory or an HF model directory; DepthlabError otherwise."""
-    p = Path(path)
-    if not p.exists():
-        raise DepthlabError(f"fine-tuning source {str(p)!r} does not exist")
-    cfg = _json(p / "config.json") if p.is_dir() else None
-    if cfg is not None and "model" in cfg and "train" in cfg:
-        return _from_run(p)
-    if cfg is not None and ("model_type" in cfg or "architectures" in cfg):
-        return _from_hf(p)
-    raise DepthlabError(f"{str(p)!r} is neither a depthlab run (config.json + checkpoint/) nor a Hugging Face "
-                        "model directory (config.json with model_type)")
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _from_run(path: Path) -> Source:
-    from depthlab.train.checkpoint import find_checkpoint, load_run
-
-    ckpt = find_checkpoint(path)
-    model, tok, config = load_run(ckpt)
-    if tok is None:
-        raise DepthlabError(f"{str(path)!r} has no tokenizer/ beside its checkpoints; fine-tuning needs one")
-    step = _json(ckpt / "trainer_state.json") or {}
-    info = {"kind": "depthlab-run", "path": str(path.resolve()), "checkpoint": str(ckpt.resolve()),
-            "step": step.get("step"), "scheme": model.cfg.scheme, "train_data": config.get("train", {}).get("data")}
-    return Source(model.cfg, model.state_dict(), tok, info)
-
-
-def _from_hf(path: Path) -> Source:
-    from depthlab.data import build_tokenizer
-    from depthlab.hf import from_hf
-
-    model = from_hf(str(path))
-    tok = build_tokenizer(f"hf:{path.resolve()}")
-    info = {"kind": "hf", "path": str(path.resolve()), "scheme": model.cfg.scheme}
-    return Source(model.cfg, model.state_dict(), tok, info)
-
-
 def _resumed_source(out: Path) -> Source:
     """A fine-tuning run's own model config, tokenizer and source record (resuming restores the
     weights from its checkpoint, so the source itself is not read again)."""
@@ -239,7 +186,7 @@ def finetune(source: str | Path, train_cfg: TrainConfig, out: str | Path, *, res
     if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"run directory {str(out)!r} already exists; pass --resume to continue it "
                             "or choose a new --out")
-    src = _resumed_source(out) if resume else load_source(source)
+    src = _resumed_source(out) if resume else load_source(source, "fine-tuning source")
     cfg = sft_config(train_cfg, src.model_cfg, src.tokenizer)
     data = prepare_data(cfg.data, src.tokenizer, cfg.seq_len, template)
     n_rows = len(rows(data.train, cfg.seq_len, data.pad_id, cfg.pack)[0])

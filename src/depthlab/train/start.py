@@ -3,6 +3,9 @@
     start = StartFrom(tokenizer, state_dict, load_data, record={"finetune": {...}})
     train(model_cfg, train_cfg, out, start=start)
 
+:func:`load_source` reads the weights to start from (a depthlab run, e.g. a pruned one, or an HF model
+directory); ``depthlab finetune`` and ``depthlab train --init-from`` use it.
+
 The trainer is otherwise unchanged: a fresh run builds the model as usual, then loads
 ``state_dict`` before the first step; ``load_data(cfg, tokenizer, env)`` replaces
 :func:`~depthlab.train.data.load_train_data` (same :class:`~depthlab.train.data.TrainData`
@@ -12,13 +15,17 @@ config.json. A resumed run restores its own checkpoint and ignores ``state_dict`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from depthlab.config import ModelConfig
 from depthlab.data import Tokenizer
+from depthlab.errors import DepthlabError
 from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData
@@ -30,3 +37,58 @@ class StartFrom:
     state_dict: dict[str, torch.Tensor]
     load_data: Callable[[TrainConfig, Tokenizer, D.DistEnv], TrainData]
     record: dict[str, Any] = field(default_factory=dict)  # extra config.json keys
+
+
+@dataclass
+class Source:
+    model_cfg: ModelConfig
+    state_dict: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    info: dict[str, Any]
+
+
+def load_source(path: str | Path, what: str = "source") -> Source:
+    """The weights, model config and tokenizer to start from: a depthlab run or checkpoint directory (its
+    latest intact checkpoint; a pruned run's blocks keep their original depths) or an HF model directory.
+    DepthlabError otherwise; ``what`` names the source in that message."""
+    p = Path(path)
+    if not p.exists():
+        raise DepthlabError(f"{what} {str(p)!r} does not exist")
+    cfg = _json(p / "config.json") if p.is_dir() else None
+    if cfg is not None and "model" in cfg and "train" in cfg:
+        return _from_run(p)
+    if cfg is not None and ("model_type" in cfg or "architectures" in cfg):
+        return _from_hf(p)
+    raise DepthlabError(f"{str(p)!r} is neither a depthlab run (config.json + checkpoint/) nor a Hugging Face "
+                        "model directory (config.json with model_type)")
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _from_run(path: Path) -> Source:
+    from depthlab.train.checkpoint import find_checkpoint, load_run
+
+    ckpt = find_checkpoint(path)
+    model, tok, config = load_run(ckpt)
+    if tok is None:
+        raise DepthlabError(f"{str(path)!r} has no tokenizer/ beside its checkpoints; training from it needs one")
+    step = _json(ckpt / "trainer_state.json") or {}
+    info = {"kind": "depthlab-run", "path": str(path.resolve()), "checkpoint": str(ckpt.resolve()),
+            "step": step.get("step"), "scheme": model.cfg.scheme, "train_data": config.get("train", {}).get("data")}
+    return Source(model.cfg, model.state_dict(), tok, info)
+
+
+def _from_hf(path: Path) -> Source:
+    from depthlab.data import build_tokenizer
+    from depthlab.hf import from_hf
+
+    model = from_hf(str(path))
+    tok = build_tokenizer(f"hf:{path.resolve()}")
+    info = {"kind": "hf", "path": str(path.resolve()), "scheme": model.cfg.scheme}
+    return Source(model.cfg, model.state_dict(), tok, info)
