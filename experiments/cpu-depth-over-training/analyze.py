@@ -1,11 +1,13 @@
 """Depth over training, measured on every checkpoint of long CPU runs (see README.md here).
 
-    python experiments/cpu-depth-over-training/analyze.py RUN_DIR [RUN_DIR ...] --out experiments/cpu-depth-over-training
+    python experiments/cpu-depth-over-training/analyze.py [NAME=]RUN_DIR [...] --out experiments/cpu-depth-over-training
 
 For each checkpoint of each run: the same depth probe the trainer logs (depthlab.diagnostics.tracking:
 adjacent angular distance, removal Δloss, contribution ‖x^{l+1}−x^l‖/‖x^l‖, pre-norm gain mean|γ|,
 output variance) on one fixed held-out batch of the built-in corpus (the six held-out books), plus the
-held-out loss of that batch. Writes results.json and depth_over_training.png.
+held-out loss of that batch. Writes results.json, depth_over_training.png and gap_over_training.png (for
+each pair of runs named ``...pre...`` / ``...lns...``: the Pre-LN / LNS ratio of the deepest third's angular
+distance, removal Δloss and contribution against step; 1 is where LNS's deep blocks would have caught up).
 """
 
 from __future__ import annotations
@@ -66,18 +68,47 @@ def figure(results: dict, path: Path) -> Path:
     return save(fig, path)
 
 
+def pairs(results: dict) -> list[tuple[str, str]]:
+    """(pre run, lns run) pairs by name: ``pre-32x96`` goes with ``lns-32x96``."""
+    return [(n, n.replace("pre", "lns", 1)) for n in results if "pre" in n and n.replace("pre", "lns", 1) in results]
+
+
+def gap_figure(results: dict, path: Path) -> Path:
+    keys = ["layer_angular", "layer_removal", "layer_contribution"]
+    fig, axes = subplots(1, len(keys), figsize=(3.8 * len(keys), 3.4))
+    for pre, lns in pairs(results):
+        steps = sorted(set(results[pre]["probes"]) & set(results[lns]["probes"]), key=int)
+        for ax, k in zip(axes, keys):
+            ratio = [deep_mean(results[pre]["probes"][s][k]) / deep_mean(results[lns]["probes"][s][k]) for s in steps]
+            ax.plot([int(s) for s in steps], ratio, marker="o", ms=3, label=f"{pre} / {lns}")
+    for ax, k in zip(axes, keys):
+        ax.axhline(1.0, color="k", lw=1, ls="--")
+        ax.set_title(f"{k}, deepest third: Pre-LN / LNS", fontsize=8)
+        ax.set_xlabel("step")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    return save(fig, path)
+
+
+def _named(spec: str) -> tuple[str, Path]:
+    name, _, path = spec.rpartition("=")
+    return (name or Path(path).name), Path(path)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", type=Path)
+    p.add_argument("runs", nargs="+", type=_named, help="run directories, optionally NAME=RUN_DIR")
     p.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = p.parse_args()
     torch.set_num_threads(1)
-    results = {run.name: probe_run(run) for run in args.runs}
+    results = {name: probe_run(run) for name, run in args.runs}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     figure(results, args.out / "depth_over_training.png")
+    gap_figure(results, args.out / "gap_over_training.png")
     assert set(TRACKED) <= set(next(iter(next(iter(results.values()))["probes"].values())))
-    print(f"wrote {args.out / 'results.json'} and {args.out / 'depth_over_training.png'}")
+    print(f"wrote results.json, depth_over_training.png and gap_over_training.png in {args.out}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ examples:
   depthlab prune path/to/hf-model --remove 8 --method angular-block --heal-steps 500 --data my.txt --out pruned/x
   depthlab prune runs/lns --remove 4 --out pruned/lns-12
   depthlab prune runs/lns --blocks 13,14,15 --out pruned/lns-own
+  depthlab train --init-from pruned/lns-12/run --data builtin --steps 500 --out runs/lns-12   # continue training it
 
 Methods: removal (greedy, SLEB-style: drop the block whose removal costs least on held-out text,
 re-measure, repeat), angular-block (Gromov et al. 2024: the contiguous run of n blocks whose input
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"export check: max |Δ logit| = {exp['max_abs_logit_diff']:.3e} (reloaded vs in-memory pruned), "
           f"generate with KV cache {'ok' if exp['generate_cache_matches_no_cache'] else 'DIFFERS from no cache'}")
     print(f"wrote {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) loads it; report: {out / 'report.html'}")
+    if report.get("run_dir"):
+        print(f"depthlab run directory: {report['run_dir']} (depthlab diagnose / depthlab train --init-from accept it)")
     return 0
 
 
