@@ -54,6 +54,19 @@ def test_generic_format_answer_as_index_or_text(tmp_path):
     assert "Answer1: four" in task.items[0].instruction and "Answer format: answer1/answer2" in task.items[0].instruction
 
 
+def test_question_format_answer_as_index_letter_text_or_ai2_label(tmp_path):
+    rows = [{"question": "2+2?", "choices": ["4", "five", "22"], "answer": 0},
+            {"question": "Sky?", "choices": ["green", "blue"], "answer": "B"},
+            {"question": "Grass?", "choices": ["green", "blue"], "answer": "green"},
+            {"question": {"stem": "Sea?", "choices": [{"label": "1", "text": "dry"}, {"label": "2", "text": "wet"}]},
+             "answerKey": "2"}]
+    task = load_task_file(write_jsonl(tmp_path / "q.jsonl", rows))
+    assert task.format == "question" and [it.gold for it in task.items] == [0, 1, 0, 1]
+    assert task.items[3].contexts[0] == "Question: Sea?\nAnswer:" and task.items[3].continuations == (" dry", " wet")
+    with pytest.raises(DepthlabError, match="not among the 2 choices"):
+        load_task_file(write_jsonl(tmp_path / "bad.jsonl", [{**rows[1], "answer": "C"}]))
+
+
 def test_hellaswag_with_ctx_only(tmp_path):
     row = {"ctx": "A dog runs. it", "endings": ["barks.", "flies.", "melts.", "sings."], "label": 2}
     assert detect_format(row) == "hellaswag"

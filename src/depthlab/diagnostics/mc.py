@@ -2,10 +2,9 @@
 
 Tasks are read by :mod:`depthlab.evaluate.tasks`, as ``depthlab evaluate`` reads them: a local
 ``.jsonl`` in the native format of ARC, OpenBookQA, PIQA, HellaSwag, BoolQ, WinoGrande, SIQA or
-``{"context", "choices", "answer"}``, ``builtin-mc``, or ``hf:NAME[:CONFIG[:SPLIT]]``; each with
-lm-evaluation-harness's zero-shot prompt. A local file that fits none of these formats is read as
-depthlab's older ``{"question", "choices", "answer"}`` items (context "Question: ...\\nAnswer:",
-continuation " choice"). Scoring is lm-eval's: the sum of the continuation's token log-likelihoods
+``{"context", "choices", "answer"}`` or ``{"question", "choices", "answer"}``, ``builtin-mc``, or
+``hf:NAME[:CONFIG[:SPLIT]]``; each with lm-evaluation-harness's zero-shot prompt. Scoring is lm-eval's:
+the sum of the continuation's token log-likelihoods
 (:func:`depthlab.evaluate.scoring.encode_pair` splits the tokens), ``acc`` = argmax, ``acc_norm`` =
 argmax of the sum divided by the choice's length in characters (lm-eval's ``acc_norm``). Removing
 block l replays the cached residual states (:meth:`ResidualCapture.run_skipping`), as the removal
@@ -14,7 +13,6 @@ sweep of :mod:`depthlab.diagnostics.removal` does.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +22,6 @@ from typing import Any
 import torch
 
 from depthlab.diagnostics.capture import ResidualCapture
-from depthlab.errors import DepthlabError
 
 
 @dataclass
@@ -32,89 +29,20 @@ class MCItem:
     question: str
     choices: list[str]  # lm-eval's doc_to_choice strings (their lengths normalise acc_norm)
     answer: int
-    contexts: tuple[str, ...] = ()  # request i = (contexts[i], continuations[i]); default: the Question/Answer prompt
-    continuations: tuple[str, ...] = ()
+    contexts: tuple[str, ...]  # request i = (contexts[i], continuations[i]), as lm-eval builds them
+    continuations: tuple[str, ...]
 
     def requests(self) -> list[tuple[str, str]]:
-        if self.contexts:
-            return list(zip(self.contexts, self.continuations))
-        return [(f"Question: {self.question}\nAnswer:", " " + c) for c in self.choices]
-
-
-def _answer_index(raw: Any, choices: list[str], labels: list[str] | None) -> int:
-    if isinstance(raw, bool):
-        raise ValueError("boolean answer")
-    if isinstance(raw, int):
-        return raw
-    text = str(raw).strip()
-    if labels and text in labels:
-        return labels.index(text)
-    if text.isdigit():
-        return int(text)
-    if len(text) == 1 and text.isalpha():
-        return ord(text.upper()) - ord("A")
-    if text in choices:
-        return choices.index(text)
-    raise ValueError(f"cannot read answer {raw!r}")
+        return list(zip(self.contexts, self.continuations))
 
 
 def load_mc(spec: str | Path, limit: int | None = None) -> list[MCItem]:
-    """Items of a task spec as ``depthlab evaluate`` takes it (a .jsonl of the eight formats,
-    ``builtin-mc``, ``hf:NAME``); a local file in none of those formats is read with
-    :func:`load_legacy_mc`."""
+    """Items of a task spec as ``depthlab evaluate`` takes it (a .jsonl in one of
+    :data:`depthlab.evaluate.tasks.FORMATS`, ``builtin-mc``, ``hf:NAME``)."""
     from depthlab.evaluate import load_tasks
 
-    try:
-        task = load_tasks([str(spec)], limit)[0]
-    except DepthlabError as err:
-        if not (Path(spec).is_file() and "no known task format" in str(err)):
-            raise
-        return load_legacy_mc(spec, limit)
+    task = load_tasks([str(spec)], limit)[0]
     return [MCItem(it.contexts[0], list(it.choices), it.gold, it.contexts, it.continuations) for it in task.items]
-
-
-def load_legacy_mc(path: str | Path, limit: int | None = None) -> list[MCItem]:
-    """Items of a jsonl file: ``question`` (or ``query``/``stem``), ``choices`` (a list, or ARC's
-    ``{"text": [...], "label": [...]}``), ``answer`` (index, letter, label or choice text; also
-    ``answerKey``/``label``/``gold``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DepthlabError(f"multiple-choice file {str(path)!r} does not exist")
-    items = []
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DepthlabError(f"multiple-choice file {str(path)!r} is not UTF-8 text (byte {err.start})") from None
-    for no, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            q = row.get("question", row.get("query", row.get("stem")))
-            if isinstance(q, dict):  # ARC "question": {"stem": ..., "choices": [...]}
-                row = {**row, **q}
-                q = q.get("stem")
-            ch = row["choices"]
-            labels = None
-            if isinstance(ch, dict):
-                labels = [str(x) for x in ch.get("label", [])] or None
-                ch = ch["text"]
-            elif ch and isinstance(ch[0], dict):
-                labels = [str(c.get("label")) for c in ch]
-                ch = [c["text"] for c in ch]
-            ch = [str(c) for c in ch]
-            raw = next(row[k] for k in ("answer", "answerKey", "label", "gold") if k in row)
-            ans = _answer_index(raw, ch, labels)
-            if not isinstance(q, str) or len(ch) < 2 or not 0 <= ans < len(ch):
-                raise ValueError("bad question/choices/answer")
-        except (ValueError, KeyError, StopIteration, TypeError, IndexError) as err:
-            raise DepthlabError(f"{path}:{no}: not a multiple-choice item (question, choices, answer): {err}") from None
-        items.append(MCItem(q, ch, ans))
-        if limit is not None and len(items) >= limit:
-            break
-    if not items:
-        raise DepthlabError(f"multiple-choice file {str(path)!r} holds no items")
-    return items
 
 
 def _encode_pairs(items: Sequence[MCItem], encode: Callable[[str], list[int]], max_len: int | None,

@@ -14,6 +14,9 @@ every item must then fit it. Prompts follow lm-evaluation-harness's task yamls (
                                                                 option, continuation = the rest (winogrande)
     siqa        context, question, answerA..C, label (1..3)     "Q: {context} {question}\\nA:" / answers (social_iqa)
     generic     context, choices (list), answer (index | text)  "{context}" / choices
+    question    question, choices (list), answer (index, letter "Question: {question}\nAnswer:" / choices
+                or text); or AI2's ARC release: question{stem,
+                choices[{label,text}]}, answerKey
 
 Every item also carries the instruction LLM-Adapters' Commonsense170K uses for that task (``--scoring
 generate``): "Please choose the correct answer to the question: ...\\n\\nAnswer1: ...\\n\\nAnswer format:
@@ -186,6 +189,32 @@ def _generic(row: dict) -> TaskItem:
                *_listing(f"Please choose the correct answer to the question: {ctx}", "Answer", list(choices)))
 
 
+def _question(row: dict) -> TaskItem:
+    """``{"question", "choices", "answer"}`` (depthlab's first multiple-choice files) or AI2's ARC release
+    (``{"question": {"stem", "choices": [{"label", "text"}]}, "answerKey"}``)."""
+    q, choices = row["question"], row.get("choices")
+    if isinstance(q, dict):
+        q, choices = q.get("stem"), q.get("choices")
+    labels = None
+    if isinstance(choices, list) and choices and all(isinstance(c, dict) for c in choices):
+        labels, choices = [str(c.get("label")) for c in choices], [c.get("text") for c in choices]
+    if not isinstance(q, str) or not isinstance(choices, list) or len(choices) < 2 or None in choices:
+        raise _BadItem("needs a question string and a list of at least two choices")
+    texts = [str(c) for c in choices]
+    raw = row.get("answer", row.get("answerKey"))
+    key = str(raw).strip()
+    if labels and key in labels:
+        gold = labels.index(key)
+    elif isinstance(raw, str) and raw in texts:
+        gold = texts.index(raw)
+    elif len(key) == 1 and key.isalpha():
+        gold = _index(ord(key.upper()) - ord("A"), len(texts))
+    else:
+        gold = _index(raw, len(texts))
+    return _mc(f"Question: {q}\nAnswer:", texts, gold,
+               *_listing(f"Please choose the correct answer to the question: {q}", "Answer", texts))
+
+
 #: name -> (fields that identify the format, parser); tried in this order
 FORMATS: dict[str, tuple[tuple[str, ...], Callable[[dict], TaskItem]]] = {
     "arc": (("question", "choices", "answerKey"), _arc),
@@ -196,8 +225,10 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable[[dict], TaskItem]]] = {
     "winogrande": (("sentence", "option1", "option2", "answer"), _winogrande),
     "siqa": (("context", "question", "answerA", "answerB", "answerC", "label"), _siqa),
     "generic": (("context", "choices", "answer"), _generic),
+    "question": (("question",), _question),
 }
-_EXTRA = {"hellaswag": (("ctx",), ("ctx_a",)), "boolq": (("answer",), ("label",))}  # one of these field sets too
+_EXTRA = {"hellaswag": (("ctx",), ("ctx_a",)), "boolq": (("answer",), ("label",)),  # one of these field sets too
+          "question": (("choices", "answer"), ("answerKey",))}
 
 
 def _fits(name: str, row: dict) -> bool:
