@@ -66,4 +66,7 @@ def test_vit_compare_names_variants_and_diagnose_reports_removal(tmp_path, capsy
     assert len(report["removal"]["delta_accuracy"]) == 3 and len(report["variance"]["variance"]) == 4
     rep = tmp_path / "rep"
     assert main(["diagnose", str(run), "--tokens", "340", "--no-jacobian", "--out", str(rep)]) == 0
-    assert (rep / "report.html").is_file() and "removal" in json.loads((rep / "report.json").read_text())
+    diag = json.loads((rep / "report.json").read_text())
+    assert "removal" in diag and diag["loss"]["accuracy"] == diag["removal"]["base_accuracy"] and "ppl" not in diag["loss"]
+    page = (rep / "report.html").read_text()
+    assert "loss / top-1 accuracy" in page and "loss / ppl" not in page  # a classifier has no perplexity

@@ -117,6 +117,15 @@ def _per_block_table(report: dict[str, Any]) -> str:
     return f'<div class="scroll"><table>{head}{rows}</table></div>'
 
 
+def _loss_row(loss: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """The held-out loss with the perplexity of an LM or the top-1 accuracy of a classifier."""
+    if not loss:
+        return []
+    if "accuracy" in loss:
+        return [("held-out loss / top-1 accuracy", f"{loss['loss']:.4f} / {100 * loss['accuracy']:.2f} %")]
+    return [("held-out loss / ppl", f"{loss['loss']:.4f} / {loss['ppl']:.2f}")]
+
+
 def render_html(report: dict[str, Any], out: Path) -> str:
     m, d, figs = report["model"], report["data"], report.get("figures", {})
     name = m.get("label") or m["name"]
@@ -131,8 +140,7 @@ def render_html(report: dict[str, Any], out: Path) -> str:
     data = _kv([("data", d["spec"]), ("split", d["split"]), ("tokens evaluated", f"{d['tokens']:,}"
                 + (f" (asked for {d['tokens_requested']:,}; the data holds no more)" if d.get("short") else "")),
                 ("sequence length", d["seq_len"]), ("batch size", d["batch_size"]),
-                ("held-out loss / ppl",
-                 f"{report['loss']['loss']:.4f} / {report['loss']['ppl']:.2f}" if "loss" in report else None)])
+                *_loss_row(report.get("loss"))])
     parts = [f"<h1>Curse-of-Depth diagnostics — {html.escape(name)}</h1>",
              f'<p class="summary">{html.escape(report["summary"])}</p>',
              "<h2>Model</h2>", shape, "<h2>Data</h2>", data,

@@ -193,7 +193,10 @@ def _stream_report(acc: _Streamed, target: Target, opts: DiagnoseOptions, batche
     }
     if acc.removal is not None:
         report["removal"] = acc.removal.result()
-        report["loss"] = {"loss": report["removal"]["base_loss"], "ppl": report["removal"]["base_ppl"]}
+        r = report["removal"]
+        # a classifier (ViT) has a top-1 accuracy, not a perplexity
+        report["loss"] = {"loss": r["base_loss"], **({"accuracy": r["base_accuracy"]} if "base_accuracy" in r
+                                                     else {"ppl": r["base_ppl"]})}
     elif target.causal and acc.base_count:
         report["loss"] = {"loss": acc.base_loss / acc.base_count, "ppl": perplexity(acc.base_loss / acc.base_count)}
     return report
