@@ -8,7 +8,7 @@ import os
 from depthlab.cli.compare import add_shared_arguments, build_config, run_and_print
 from depthlab.provenance import command_line
 
-#: Sized to finish within 5 minutes on 2 CPU cores, tokenizer training, two runs and their
+#: Sized to finish within 3 minutes on 2 CPU cores, tokenizer training, two runs and their
 #: diagnostics included (measured: README).
 DEMO_STEPS = 120
 DEMO_EVAL_TOKENS = 16384
