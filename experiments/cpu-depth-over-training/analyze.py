@@ -27,22 +27,34 @@ from depthlab.train import list_checkpoints, load_run
 SEQ, N_SEQ = 128, 32  # 4,096 held-out tokens per probe
 
 
-def probe_run(run: Path) -> dict:
+def probe_run(run: Path, known: dict | None = None) -> dict:
+    """Probe every checkpoint of ``run``; ``known``: probes of an earlier analysis to keep (same batch)."""
     out = {}
     batch = None
     for ckpt in list_checkpoints(run):
+        step = int(ckpt.name.split("-")[1])
+        if known and str(step) in known:
+            out[step] = known[str(step)]
+            config = json.loads((run / "config.json").read_text())
+            continue
         model, tok, config = load_run(ckpt)
         if batch is None:
             batch = next(iter(eval_token_batches("builtin", tok, N_SEQ * SEQ, SEQ + 1, N_SEQ, split="val")))
         x, y = batch[:, :-1], batch[:, 1:]
         with torch.no_grad():
             loss = float(model(x, labels=y).loss)
-        step = int(ckpt.name.split("-")[1])
         out[step] = {"probe_loss": loss, **depth_probe(model, x, y)}
         print(f"{run.name} step {step}: probe loss {loss:.4f}, deep angular "
               f"{deep_mean(out[step]['layer_angular']):.4f}, deep removal {deep_mean(out[step]['layer_removal']):.4f}")
     return {"scheme": config["model"]["scheme"], "lr": config["train"]["lr"], "steps": config["train"]["steps"],
-            "probes": out}
+            "model": {k: config["model"][k] for k in ("n_layers", "d_model", "n_heads", "d_ff")},
+            "probes": out, "tracked": tracked(run)}
+
+
+def tracked(run: Path) -> dict:
+    """What the trainer itself tracked (metrics.jsonl, its 8-sequence probe batch), by step; step 0 included."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: {k: r[k] for k in TRACKED if k in r} for r in rows if "layer_angular" in r}
 
 
 def figure(results: dict, path: Path) -> Path:
@@ -100,9 +112,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=_named, help="run directories, optionally NAME=RUN_DIR")
     p.add_argument("--out", type=Path, default=Path(__file__).parent)
+    p.add_argument("--reuse", action="store_true", help="keep the probes already in <out>/results.json")
     args = p.parse_args()
     torch.set_num_threads(1)
-    results = {name: probe_run(run) for name, run in args.runs}
+    old = json.loads((args.out / "results.json").read_text()) if args.reuse and (args.out / "results.json").is_file() else {}
+    results = {name: probe_run(run, old.get(name, {}).get("probes")) for name, run in args.runs}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     figure(results, args.out / "depth_over_training.png")
