@@ -57,23 +57,34 @@ def tracked(run: Path) -> dict:
     return {r["step"]: {k: r[k] for k in TRACKED if k in r} for r in rows if "layer_angular" in r}
 
 
+def _style(name: str, variants: list[str]) -> dict:
+    """One colour per variant (the name without its scheme), solid for Pre-LN, dashed for LNS."""
+    variant = name.replace("pre", "", 1).replace("lns", "", 1).strip("-") or "preset"
+    if variant not in variants:
+        variants.append(variant)
+    return {"color": f"C{variants.index(variant)}", "ls": "--" if "lns" in name else "-"}
+
+
 def figure(results: dict, path: Path) -> Path:
     keys = ["probe_loss", "layer_angular", "layer_removal", "layer_contribution", "layer_norm_gain"]
-    fig, axes = subplots(1, len(keys) + 1, figsize=(3.4 * (len(keys) + 1), 3.4))
+    fig, axes = subplots(2, 3, figsize=(13, 7.2))
+    axes = axes.ravel()
+    variants: list[str] = []
     for name, r in results.items():
+        style = _style(name, variants)
         steps = sorted(r["probes"], key=int)
         for ax, k in zip(axes, keys):
             vals = [r["probes"][s][k] if k == "probe_loss" else deep_mean(r["probes"][s][k]) for s in steps]
-            ax.plot([int(s) for s in steps], vals, marker="o", ms=3, label=name)
-            ax.set_title(k + ("" if k == "probe_loss" else " (deepest third)"), fontsize=8)
+            ax.plot([int(s) for s in steps], vals, marker="o", ms=3, label=name, **style)
+            ax.set_title(k + ("" if k == "probe_loss" else " (deepest third)"), fontsize=9)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
         last = r["probes"][steps[-1]]["layer_norm_gain"]
-        axes[-1].plot(range(1, len(last) + 1), last, marker="o", ms=3, label=f"{name} (step {steps[-1]})")
-    L = len(last)
-    axes[-1].plot(range(1, L + 1), [math.sqrt(l) for l in range(1, L + 1)], "k--", lw=1, label="sqrt(l)")
+        axes[-1].plot(range(1, len(last) + 1), last, marker="o", ms=2, label=f"{name} (step {steps[-1]})", **style)
+    L = max(len(r["probes"][max(r["probes"], key=int)]["layer_norm_gain"]) for r in results.values())
+    axes[-1].plot(range(1, L + 1), [math.sqrt(l) for l in range(1, L + 1)], "k:", lw=1, label="sqrt(l)")
     axes[-1].set_yscale("log")
-    axes[-1].set_title("pre-norm gain mean|γ| by block, last checkpoint", fontsize=8)
+    axes[-1].set_title("pre-norm gain mean|γ| by block, last checkpoint", fontsize=9)
     axes[-1].set_xlabel("block l")
     axes[0].legend(fontsize=7)
     axes[-1].legend(fontsize=6)
