@@ -41,6 +41,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--heal-modes", default="full", help="comma list of full, lora")
     p.add_argument("--lora-lr", type=float, default=5e-4, help="learning rate of the LoRA healing")
     p.add_argument("--no-control", action="store_true", help="skip training the unpruned model as a control")
+    p.add_argument("--from-results", metavar="JSON", help="take the selections from an earlier results.json (no search)")
     p.add_argument("--out", default=str(HERE))
     return p.parse_args()
 
@@ -141,15 +142,19 @@ def main() -> None:
                "command": "PYTHONPATH=src python3 experiments/cpu-smollm2-prune/run.py " + " ".join(sys.argv[1:]),
                "data": "builtin (val split): blocks chosen on the first half, losses measured on the second",
                "tokens": original.tokens, "calibration_tokens": survey.tokens, "seq_len": args.seq_len,
-               "original_loss": original.loss, "original_calibration_loss": survey.loss,
-               "methods": selections(cap, calib, evalset, survey, original.loss, counts)}
+               "original_loss": original.loss, "original_calibration_loss": survey.loss}
+    if args.from_results:
+        earlier = json.loads(Path(args.from_results).read_text())
+        results["methods"], results["selections_from"] = earlier["methods"], args.from_results
+    else:
+        results["methods"] = selections(cap, calib, evalset, survey, original.loss, counts)
     results["seconds_selection"] = round(time.time() - t0, 1)
     out = Path(args.out)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # kept if healing is cut short
     if args.heal_steps > 0 and 6 in counts:
         blocks = results["methods"]["removal"]["6"]["blocks"]
         results["heal"] = {}
-        for mode in args.heal_modes.split(","):
+        for mode in filter(None, args.heal_modes.split(",")):
             results["heal"][mode] = healing(target, blocks, evalset, args, mode)
             (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         if not args.no_control:
