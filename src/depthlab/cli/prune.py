@@ -26,8 +26,8 @@ prune.json, angular_*.png, report.html; for a depthlab run also run/, a depthlab
 The export is checked: reloaded with AutoModelForCausalLM, its logits are compared with the in-memory
 pruned model (max |Δ| printed) and generate runs with the KV cache.
 Cost: angular-block and influence need one pass over --tokens; greedy removal tries every remaining
-block at each step (about L/2 forward passes per step; SmolLM2, 512 tokens, 2 busy CPU cores: ~2 min
-a step), so lower --tokens for it on a CPU.
+block at each step (about L/2 forward passes per step; SmolLM2, 2,048 tokens, one thread of a busy
+2-core CPU: ~5 min a step), so lower --tokens for it on a CPU.
 """
 
 
