@@ -31,13 +31,13 @@ def probe_run(run: Path, known: dict | None = None) -> dict:
     """Probe every checkpoint of ``run``; ``known``: probes of an earlier analysis to keep (same batch)."""
     out = {}
     batch = None
+    config = json.loads((run / "config.json").read_text())
     for ckpt in list_checkpoints(run):
         step = int(ckpt.name.split("-")[1])
         if known and str(step) in known:
             out[step] = known[str(step)]
-            config = json.loads((run / "config.json").read_text())
             continue
-        model, tok, config = load_run(ckpt)
+        model, tok, _ = load_run(ckpt)
         if batch is None:
             batch = next(iter(eval_token_batches("builtin", tok, N_SEQ * SEQ, SEQ + 1, N_SEQ, split="val")))
         x, y = batch[:, :-1], batch[:, 1:]

@@ -26,7 +26,6 @@ from depthlab.diagnostics.capture import ResidualCapture
 
 @dataclass
 class MCItem:
-    question: str
     choices: list[str]  # lm-eval's doc_to_choice strings (their lengths normalise acc_norm)
     answer: int
     contexts: tuple[str, ...]  # request i = (contexts[i], continuations[i]), as lm-eval builds them
@@ -42,7 +41,7 @@ def load_mc(spec: str | Path, limit: int | None = None) -> list[MCItem]:
     from depthlab.evaluate import load_tasks
 
     task = load_tasks([str(spec)], limit)[0]
-    return [MCItem(it.contexts[0], list(it.choices), it.gold, it.contexts, it.continuations) for it in task.items]
+    return [MCItem(list(it.choices), it.gold, it.contexts, it.continuations) for it in task.items]
 
 
 def _encode_pairs(items: Sequence[MCItem], encode: Callable[[str], list[int]], max_len: int | None,

@@ -14,7 +14,7 @@ every item must then fit it. Prompts follow lm-evaluation-harness's task yamls (
                                                                 option, continuation = the rest (winogrande)
     siqa        context, question, answerA..C, label (1..3)     "Q: {context} {question}\\nA:" / answers (social_iqa)
     generic     context, choices (list), answer (index | text)  "{context}" / choices
-    question    question, choices (list), answer (index, letter "Question: {question}\nAnswer:" / choices
+    question    question, choices (list), answer (index, letter "Question: {question}\\nAnswer:" / choices
                 or text); or AI2's ARC release: question{stem,
                 choices[{label,text}]}, answerKey
 

@@ -47,7 +47,7 @@ from depthlab.errors import DepthlabError
 from depthlab.finetune.data import SFTDataset, get_template, load_records, pack_examples, pad_examples
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData
-from depthlab.train.start import Source, _json, load_source
+from depthlab.train.start import Source, load_source, read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def _resumed_source(out: Path) -> Source:
     weights from its checkpoint, so the source itself is not read again)."""
     from depthlab.data import load_tokenizer
 
-    saved = _json(out / "config.json")
+    saved = read_json_object(out / "config.json")
     if not saved or "finetune" not in saved:
         raise DepthlabError(f"cannot resume {str(out)!r}: not a fine-tuning run (no 'finetune' in config.json)")
     return Source(ModelConfig.from_dict(saved["model"]), {}, load_tokenizer(out / "tokenizer"),

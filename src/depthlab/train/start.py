@@ -54,7 +54,7 @@ def load_source(path: str | Path, what: str = "source") -> Source:
     p = Path(path)
     if not p.exists():
         raise DepthlabError(f"{what} {str(p)!r} does not exist")
-    cfg = _json(p / "config.json") if p.is_dir() else None
+    cfg = read_json_object(p / "config.json") if p.is_dir() else None
     if cfg is not None and "model" in cfg and "train" in cfg:
         return _from_run(p)
     if cfg is not None and ("model_type" in cfg or "architectures" in cfg):
@@ -63,7 +63,8 @@ def load_source(path: str | Path, what: str = "source") -> Source:
                         "model directory (config.json with model_type)")
 
 
-def _json(path: Path) -> dict[str, Any] | None:
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -78,7 +79,7 @@ def _from_run(path: Path) -> Source:
     model, tok, config = load_run(ckpt)
     if tok is None:
         raise DepthlabError(f"{str(path)!r} has no tokenizer/ beside its checkpoints; training from it needs one")
-    step = _json(ckpt / "trainer_state.json") or {}
+    step = read_json_object(ckpt / "trainer_state.json") or {}
     info = {"kind": "depthlab-run", "path": str(path.resolve()), "checkpoint": str(ckpt.resolve()),
             "step": step.get("step"), "scheme": model.cfg.scheme, "train_data": config.get("train", {}).get("data")}
     return Source(model.cfg, model.state_dict(), tok, info)
