@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from depthlab.errors import ConfigError, choices
-from depthlab.init import InitRule, deepnorm_beta, init_deepnorm, init_depth_scaled, init_normal, init_scaled
+from depthlab.nn.init import InitRule, deepnorm_beta, init_deepnorm, init_depth_scaled, init_normal, init_scaled
 from depthlab.nn.attention import Attention
 from depthlab.nn.blocks import PostNormBlock, PreNormBlock
 from depthlab.nn.dyt import DyT
