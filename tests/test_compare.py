@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-import depthlab.compare as C
+import depthlab.compare.run as C
 from depthlab.compare import CompareConfig, compare
 from depthlab.diagnostics import DiagnoseOptions
 from depthlab.model import DecoderLM

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthlab.compare_table import MISSING, format_cell, markdown_table
+from depthlab.compare.table import MISSING, format_cell, markdown_table
 from depthlab.diagnostics import VarianceAccumulator
 from depthlab.errors import first_line
 from depthlab.metrics import element_variance, perplexity

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from depthlab.compare import CompareConfig, compare
-from depthlab.compare_downstream import Downstream, downstream_table
+from depthlab.compare.downstream import Downstream, downstream_table
 from depthlab.diagnostics import DiagnoseOptions
 from depthlab.errors import DepthlabError
 from depthlab.train import TrainConfig

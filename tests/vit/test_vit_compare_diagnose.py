@@ -7,7 +7,7 @@ import pytest
 from depthlab.cli import main
 from depthlab.compare import CompareConfig, run_dirname, run_name
 from depthlab.errors import DepthlabError
-from depthlab.scheme_spec import parse_scheme_spec
+from depthlab.schemes import parse_scheme_spec
 
 needs_sklearn = pytest.mark.skipif(__import__("importlib.util").util.find_spec("sklearn") is None,
                                    reason="the digits need scikit-learn")

@@ -18,8 +18,8 @@ def add_downstream_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def downstream_from_args(args: argparse.Namespace):
-    """The compare's :class:`~depthlab.compare_downstream.Downstream` (inactive for commands without the flags)."""
-    from depthlab.compare_downstream import Downstream
+    """The compare's :class:`~depthlab.compare.downstream.Downstream` (inactive for commands without the flags)."""
+    from depthlab.compare.downstream import Downstream
 
     get = lambda name: getattr(args, name, None)  # noqa: E731 - demo has none of these flags
     return Downstream(finetune=get("finetune"), tasks=get("eval_tasks"), steps=get("finetune_steps"),

@@ -26,15 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from depthlab.compare_downstream import Downstream, downstream_markdown, downstream_table, run_downstream
-from depthlab.compare_parallel import run_in_parallel
-from depthlab.compare_table import COLUMNS, markdown_table
-from depthlab.compare_tracking import compare_tracking_markdown
+from depthlab.compare.downstream import Downstream, downstream_markdown, downstream_table, run_downstream
+from depthlab.compare.parallel import run_in_parallel
+from depthlab.compare.table import COLUMNS, markdown_table
+from depthlab.compare.tracking import compare_tracking_markdown
 from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target, write_report
 from depthlab.diagnostics.tracking import deepest_third
 from depthlab.errors import DepthlabError, choices
-from depthlab.scheme_spec import SchemeSpec, parse_scheme_spec
-from depthlab.schemes import BASELINE_SCHEME, SCHEMES
+from depthlab.schemes import BASELINE_SCHEME, SCHEMES, SchemeSpec, parse_scheme_spec
 from depthlab.train import TrainConfig, list_checkpoints, train
 from depthlab.train.family import family_of, family_of_preset, model_from_preset
 
@@ -49,7 +48,7 @@ class CompareConfig:
     seeds: list[int] = field(default_factory=lambda: [0])  # one run per scheme and seed
     train: TrainConfig = field(default_factory=TrainConfig)  # shared training settings (seed set per run)
     diagnose: DiagnoseOptions = field(default_factory=lambda: DiagnoseOptions(tokens=16384, progress=False))
-    downstream: Downstream = field(default_factory=Downstream)  # --finetune / --eval (compare_downstream)
+    downstream: Downstream = field(default_factory=Downstream)  # --finetune / --eval (compare.downstream)
 
     def validate(self) -> None:
         if not self.schemes:
@@ -174,7 +173,7 @@ def aggregate(rows: list[dict[str, Any]], schemes: list[str]) -> list[dict[str, 
 def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, command: str | None = None,
             on_run: Callable[[str, int, dict], None] | None = None, jobs: int = 1) -> dict[str, Any]:
     """Train + diagnose every (scheme, seed) into ``out_dir`` and write the side-by-side report;
-    ``jobs`` runs at a time (``depthlab.compare_parallel``).
+    ``jobs`` runs at a time (``depthlab.compare.parallel``).
 
     Reuses whatever a previous, interrupted call with the same settings finished."""
     cfg.validate()
@@ -217,7 +216,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     md = _summary_md(cfg, table, command) + compare_tracking_markdown(result, out, BASELINE_SCHEME)
     (out / "summary.md").write_text(md + downstream_markdown(result))
-    from depthlab.compare_report import write_compare_report  # late: matplotlib only when drawing
+    from depthlab.compare.report import write_compare_report  # late: matplotlib only when drawing
 
     result["figures"] = write_compare_report(result, out)
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")

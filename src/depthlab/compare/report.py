@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from depthlab import htmlpage as H
-from depthlab.compare_downstream import downstream_html
-from depthlab.compare_table import COLUMNS, format_cell, shown_columns
-from depthlab.compare_tracking import first_seed_runs, run_metrics, tracked_series
+from depthlab.compare.downstream import downstream_html
+from depthlab.compare.table import COLUMNS, format_cell, shown_columns
+from depthlab.compare.tracking import first_seed_runs, run_metrics, tracked_series
 from depthlab.plots import compare as P
 from depthlab.schemes import BASELINE_SCHEME
 

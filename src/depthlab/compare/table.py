@@ -1,5 +1,5 @@
 """The compare table's columns and cell format, shared by ``compare`` (summary.md) and
-``compare_report`` (report.html); it imports neither, so neither imports the other.
+``compare.report`` (report.html); it imports neither, so neither imports the other.
 
     COLUMNS["eval_ppl"] == ("perplexity", "{:.2f}")
     format_cell({"eval_ppl": 19.0, "eval_ppl_std": 1.4}, "eval_ppl") == "19.00 ± 1.40"
