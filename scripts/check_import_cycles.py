@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
-"""Find import cycles among the ``depthlab`` modules; exit 1 when there is one.
+"""Check that every import in ``depthlab`` points down its layers; exit 1 when one does not.
 
-    python scripts/check_import_cycles.py            # src/depthlab; prints every cycle found
+    python scripts/check_import_cycles.py            # src/depthlab: module cycles, package cycles, layers
+    python scripts/check_import_cycles.py --draw     # the layer picture docs/architecture.md shows
+
+Three checks: no cycle among modules; no cycle among packages (``depthlab.train.*`` is one package,
+``depthlab.config`` another); and every import goes to a package of the same or a lower layer of
+:data:`LAYERS`, so that the layer picture in docs/architecture.md is the code's (a package missing
+from :data:`LAYERS` is an error too).
 
 Every ``import depthlab.x`` / ``from depthlab.x import y`` / relative import of a module counts,
 module-level or inside a function (a late import only hides a circle), except those under
@@ -140,15 +146,86 @@ def _shortest_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
     return best + [best[0]]
 
 
+#: The layers of depthlab, lowest first: a package may import from its own layer and those below it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation", ("depthlab", "_lazy", "errors", "presets", "metrics", "provenance", "progress", "htmlpage")),
+    ("modules", ("nn",)),
+    ("configs and the scheme registry", ("config", "schemes")),
+    ("configure", ("configure",)),
+    ("models", ("model", "vit")),
+    ("model families", ("families",)),
+    ("data", ("data",)),
+    ("run directories on disk", ("store",)),
+    ("Hugging Face interop", ("hf",)),
+    ("figures", ("plots",)),
+    ("loading anything measurable", ("targets",)),
+    ("evaluation", ("evaluate",)),
+    ("diagnostics", ("diagnostics",)),
+    ("training", ("train",)),
+    ("fine-tuning", ("finetune",)),
+    ("pruning", ("prune",)),
+    ("theory", ("theory",)),
+    ("comparison", ("compare",)),
+    ("command line", ("cli", "__main__")),
+)
+
+
+def package_of(module: str) -> str:
+    """``depthlab.train.loop`` -> ``train``; ``depthlab.config`` -> ``config``; ``depthlab`` -> ``depthlab``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Package -> the other packages its modules import."""
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        pkg = package_of(module)
+        out.setdefault(pkg, set()).update(package_of(d) for d in deps if package_of(d) != pkg)
+    return out
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that goes up the layers (or names a package of no layer), one line each."""
+    rank = {pkg: i for i, (_, pkgs) in enumerate(LAYERS) for pkg in pkgs}
+    bad = []
+    for module, deps in sorted(graph.items()):
+        pkg = package_of(module)
+        if pkg not in rank:
+            bad.append(f"{module}: package {pkg!r} is in no layer of LAYERS")
+            continue
+        for dep in sorted(deps):
+            target = package_of(dep)
+            if target in rank and rank[target] > rank[pkg]:
+                bad.append(f"UPWARD: {module} ({LAYERS[rank[pkg]][0]}) imports {dep} ({LAYERS[rank[target]][0]})")
+    return bad
+
+
+def draw(graph: dict[str, set[str]]) -> str:
+    """The layer picture, top layer first: each package with the lower packages it imports."""
+    pkgs = package_graph(graph)
+    lines = []
+    for name, members in reversed(LAYERS):
+        for pkg in members:
+            if pkg in pkgs:
+                deps = ", ".join(sorted(pkgs[pkg] - {"depthlab", "_lazy"})) or "-"
+                lines.append(f"    {pkg:<12} {name:<32} -> {deps}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=ROOT, help="folder holding the depthlab package (default src/)")
+    parser.add_argument("--draw", action="store_true", help="print the layer picture (top layer first) and exit")
     args = parser.parse_args(argv)
-    bad = cycles(import_graph(args.root))
-    for cycle in bad:
-        print("CYCLE: " + " -> ".join(cycle))
-    if not bad:
-        print("no import cycles")
+    graph = import_graph(args.root)
+    if args.draw:
+        print(draw(graph))
+        return 0
+    bad = ["CYCLE: " + " -> ".join(c) for c in cycles(graph)]
+    bad += ["PACKAGE CYCLE: " + " -> ".join(c) for c in cycles(package_graph(graph))]
+    bad += layer_violations(graph)
+    print("\n".join(bad) or f"no import cycles, no package cycles, every import points down {len(LAYERS)} layers")
     return 1 if bad else 0
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 import depthlab as d
-from depthlab.config import PRESETS
+from depthlab.presets import PRESETS
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

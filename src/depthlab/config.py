@@ -1,10 +1,13 @@
-"""Model configuration: one typed dataclass and the paper's size presets (plain data).
+"""Model configurations: typed dataclasses, plain data (the preset tables live in ``depthlab.presets``).
 
     cfg = depthlab.from_preset("llama-130m", scheme="lns")   # preset + overrides (litgpt style)
     cfg = ModelConfig.from_json(path)                         # round-trips through JSON
 
-This module depends on nothing else in depthlab but its errors: the scheme registry builds on it.
+``SchemedConfig`` owns what every model family shares (depth, width, heads, the scheme and its options,
+block depths); ``ModelConfig`` adds a LLaMA decoder's fields, ``ViTConfig`` a ViT classifier's. This module
+depends on nothing else in depthlab but its errors: the scheme registry builds on it.
 """
+
 
 from __future__ import annotations
 
@@ -61,9 +64,30 @@ def check_positive_numbers(obj: Any, names: tuple[str, ...]) -> None:
             raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
 
 
+@dataclass(kw_only=True)
 class SchemedConfig(JsonConfig):
-    """What every model family's config shares (ModelConfig, ViTConfig): ``n_layers``, ``scheme``,
-    ``scheme_options`` and ``block_depths`` fields, the depths they give, their checks, and ``replace``."""
+    """What every model family's config shares: its name, shape, scheme and options, the depths they give,
+    their checks, and ``replace``. Defaults are a 12-block, 768-wide model; presets set the real shapes."""
+
+    name: str = "custom"  # preset name or a label; a preset's name also selects its training defaults
+    n_layers: int = 12  # number of transformer blocks L
+    d_model: int = 768  # hidden size
+    n_heads: int = 12  # (query) attention heads
+    d_ff: int = 2048  # feed-forward inner size (SwiGLU for a decoder, GELU MLP for a ViT)
+    norm_eps: float = 1e-6  # norm epsilon (RMSNorm for a decoder, LayerNorm for a ViT)
+    init_std: float = 0.02  # std of the normal init of every linear / embedding weight
+    scheme: str = "pre"  # normalization scheme, a key of depthlab.SCHEMES
+    scheme_options: dict[str, Any] = field(default_factory=dict)  # the scheme's options that differ from defaults
+    block_depths: list[int] | None = None  # original 1-based depth of each block (pruned models); None = 1..L
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form provenance (e.g. HF source)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        check_positive_ints(self, ("n_layers", "d_model", "n_heads", "d_ff"))
+        check_positive_numbers(self, ("norm_eps", "init_std"))
+        self.check_scheme_fields()
 
     @property
     def depths(self) -> list[int]:
@@ -98,7 +122,7 @@ _FORMER_FIELDS: dict[str, Any] = {"lns_position": "after-norm", "mix_alpha": 0.2
                                   "layerscale_init": None}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelConfig(SchemedConfig):
     """A LLaMA-style decoder: its shape, and the name and options of its normalization scheme.
 
@@ -107,28 +131,14 @@ class ModelConfig(SchemedConfig):
     model is built, so this module needs to know nothing of schemes.
     """
 
-    name: str = "custom"  # preset name or a label; a preset's name also selects its training defaults
     vocab_size: int = 32000  # tokenizer size (T5: 32000)
-    n_layers: int = 12  # number of transformer blocks L
-    d_model: int = 768  # hidden size
-    n_heads: int = 12  # query heads
     n_kv_heads: int | None = None  # key/value heads (grouped-query attention); None = n_heads
     head_dim: int | None = None  # per-head size; None = d_model // n_heads
-    d_ff: int = 2048  # SwiGLU inner size
     max_seq_len: int = 1024  # longest sequence the model is meant for (RoPE itself extrapolates)
-    norm_eps: float = 1e-6  # RMSNorm epsilon
     rope_theta: float = 10000.0  # RoPE base
     qkv_bias: bool = False  # bias on q/k/v projections (the Qwen2 shape)
     qk_norm: bool = False  # RMSNorm on each head's queries and keys before RoPE (OLMo 2, Qwen3); any scheme
     tie_embeddings: bool = False  # share the input embedding and the LM head
-    init_std: float = 0.02  # std of the normal init of every linear / embedding weight
-    scheme: str = "pre"  # normalization scheme, a key of depthlab.SCHEMES
-    scheme_options: dict[str, Any] = field(default_factory=dict)  # the scheme's options that differ from defaults
-    block_depths: list[int] | None = None  # original 1-based depth of each block (pruned models); None = 1..L
-    extra: dict[str, Any] = field(default_factory=dict)  # free-form provenance (e.g. HF source)
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     # ------------------------------------------------------------------ derived shapes
     @property
@@ -141,7 +151,8 @@ class ModelConfig(SchemedConfig):
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        check_positive_ints(self, ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len"))
+        super().validate()
+        check_positive_ints(self, ("vocab_size", "max_seq_len"))
         if self.head_dim is None and self.d_model % self.n_heads:
             raise ConfigError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
@@ -151,8 +162,7 @@ class ModelConfig(SchemedConfig):
             raise ConfigError(f"head size {self.dim_head} must be even for RoPE")
         if self.n_heads % self.kv_heads:
             raise ConfigError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.kv_heads}")
-        check_positive_numbers(self, ("norm_eps", "init_std", "rope_theta"))
-        self.check_scheme_fields()
+        check_positive_numbers(self, ("rope_theta",))
 
     # ------------------------------------------------------------------ JSON / copies
     @classmethod
@@ -165,30 +175,46 @@ class ModelConfig(SchemedConfig):
         return super().from_dict(data)
 
 
-def _llama(n_layers: int, d_model: int, n_heads: int, d_ff: int) -> dict[str, Any]:
-    return dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_ff=d_ff, max_seq_len=1024)
+POOLS = ("cls", "mean")
 
 
-#: The paper's presets (official code ``configs/llama_*.json``) plus ``tiny`` for CPU demos.
-PRESETS: dict[str, dict[str, Any]] = {
-    # 16 blocks of width 128: deep and narrow, so the depth effects show within minutes on 2 cores.
-    "tiny": dict(n_layers=16, d_model=128, n_heads=4, d_ff=352, vocab_size=4096, max_seq_len=256),
-    "llama-9m": _llama(4, 128, 4, 352),
-    "llama-20m": _llama(4, 256, 4, 688),
-    "llama-35m": _llama(6, 384, 8, 1024),
-    "llama-40m": _llama(8, 416, 8, 1024),
-    "llama-60m": _llama(8, 512, 8, 1376),
-    "llama-71m": _llama(12, 512, 8, 1368),
-    "llama-100m": _llama(12, 640, 10, 1708),
-    "llama-130m": _llama(12, 768, 12, 2048),
-    "llama-250m": _llama(24, 768, 16, 2560),
-    "llama-350m": _llama(24, 1024, 16, 2736),
-    "llama-1b": _llama(24, 2048, 32, 5461),
-    "llama-3b": _llama(32, 2560, 32, 6848),
-    "llama-7b": _llama(32, 4096, 32, 11008),
-    # Paper §5.3.2: Qwen2.5-0.5B shape (GQA 14/2, q/k/v bias, tied embeddings, RoPE base 1e6).
-    "qwen2.5-0.5b": dict(
-        n_layers=24, d_model=896, n_heads=14, n_kv_heads=2, d_ff=4864, qkv_bias=True,
-        tie_embeddings=True, rope_theta=1_000_000.0, vocab_size=151936, max_seq_len=2048,
-    ),
-}
+@dataclass(kw_only=True)
+class ViTConfig(SchemedConfig):
+    """A ViT image classifier (Dosovitskiy et al. 2021) whose blocks follow a registry scheme."""
+
+    image_size: int = 224  # input height = width, pixels
+    patch_size: int = 16  # square patch side; image_size must be a multiple of it
+    channels: int = 3  # input channels (3 RGB, 1 grey)
+    num_classes: int = 1000  # classifier outputs
+    pool: str = "cls"  # what the head reads: the class token ("cls") or the mean of the patch tokens ("mean")
+
+    # ------------------------------------------------------------------ derived shapes
+    @property
+    def dim_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per image: the patches plus the class token (kept for ``pool="mean"`` too, as timm)."""
+        return self.n_patches + 1
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest token sequence the model takes (what ``TrainConfig`` checks ``seq_len`` against)."""
+        return self.seq_len
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        super().validate()
+        check_positive_ints(self, ("image_size", "patch_size", "channels", "num_classes"))
+        if self.image_size % self.patch_size:
+            raise ConfigError(f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                              f"choose n_heads among the divisors of {self.d_model}")
+        if self.pool not in POOLS:
+            raise ConfigError(f"unknown pool {self.pool!r}; {choices(POOLS)}")

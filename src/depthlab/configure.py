@@ -1,11 +1,13 @@
 """Configs that the registry has checked: a preset plus overrides, or a config plus overrides.
 
-    cfg = from_preset("llama-130m", scheme="lns", lns_position="after-branch")
+    cfg = from_preset("llama-130m", scheme="lns", lns_position="after-branch")   # a ModelConfig
+    cfg = from_preset("vit-tiny", scheme="lns:position=after-branch")           # a ViTConfig; a scheme variant
     cfg = configure(cfg, n_layers=24, position="before-norm")
 
-An override is either a ``ModelConfig`` field or an option of the (new) scheme, by its name or its
-alias. This is the layer above both ``depthlab.config`` (shapes) and ``depthlab.schemes`` (what a
-scheme name means), so neither of those imports the other.
+An override is either a field of the config or an option of the (new) scheme, by its name or its
+alias; ``scheme`` may be a variant string ``name:key=value``, parsed once by the registry
+(:func:`depthlab.schemes.parse_scheme_spec`). This is the layer above both ``depthlab.config`` (shapes)
+and ``depthlab.schemes`` (what a scheme name means), so neither of those imports the other.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from depthlab.config import PRESETS, ModelConfig, SchemedConfig
+from depthlab.config import ModelConfig, SchemedConfig, ViTConfig
 from depthlab.errors import ConfigError, choices
-from depthlab.schemes import SCHEMES, get_scheme
+from depthlab.presets import PRESETS, VIT_PRESETS
+from depthlab.schemes import SCHEMES, SchemeSpec, get_scheme, parse_scheme_spec
 
-__all__ = ["from_preset", "configure", "checked", "scheme_option"]
+__all__ = ["from_preset", "configure", "checked", "scheme_option", "ALL_PRESETS"]
+
+#: Every preset of every family (decoders, then ViTs).
+ALL_PRESETS: tuple[str, ...] = (*PRESETS, *VIT_PRESETS)
 
 
 def checked(cfg: SchemedConfig) -> SchemedConfig:
@@ -30,7 +36,13 @@ def checked(cfg: SchemedConfig) -> SchemedConfig:
 
 
 def configure(base: SchemedConfig, **overrides: Any) -> SchemedConfig:
-    """``base`` (a ModelConfig, a ViTConfig, ...) with fields and scheme options replaced, checked."""
+    """``base`` (a ModelConfig, a ViTConfig, ...) with fields and scheme options replaced, checked.
+    ``scheme`` may be a name, a variant string (``lns:position=after-branch``) or a :class:`SchemeSpec`,
+    whose options join the others."""
+    spec = overrides.pop("scheme", None)
+    if spec is not None:
+        spec = spec if isinstance(spec, SchemeSpec) else parse_scheme_spec(spec)
+        overrides = {"scheme": spec.name, **spec.options, **overrides}
     fields = {f.name for f in dataclasses.fields(type(base))}
     field_overrides = {k: v for k, v in overrides.items() if k in fields}
     option_overrides = {k: v for k, v in overrides.items() if k not in fields}
@@ -60,13 +72,19 @@ def _is_foreign_default(key: str, value: Any) -> bool:
     return False
 
 
-def from_preset(name: str, **overrides: Any) -> ModelConfig:
-    """The preset ``name`` with fields or scheme options replaced by ``overrides`` (e.g. ``n_layers=2``)."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; {choices(PRESETS)}")
-    scheme = overrides.get("scheme", ModelConfig.scheme)
-    get_scheme(scheme)  # an unknown scheme is named before any option of it
-    return configure(ModelConfig(name=name, **PRESETS[name]), **overrides)
+def from_preset(name: str, **overrides: Any) -> SchemedConfig:
+    """The preset ``name`` with fields or scheme options replaced by ``overrides`` (e.g. ``n_layers=2``): a
+    ``ModelConfig`` for a decoder preset (:data:`~depthlab.presets.PRESETS`), a ``ViTConfig`` for a ViT one."""
+    if name in PRESETS:
+        base: SchemedConfig = ModelConfig(name=name, **PRESETS[name])
+    elif name in VIT_PRESETS:
+        base = ViTConfig(name=name, **VIT_PRESETS[name])
+    else:
+        raise ConfigError(f"unknown preset {name!r}; {choices(ALL_PRESETS)}")
+    scheme = overrides.get("scheme")
+    if isinstance(scheme, str):
+        parse_scheme_spec(scheme)  # an unknown scheme is named before any option of it
+    return configure(base, **overrides)
 
 
 def scheme_option(cfg: ModelConfig, name: str) -> Any:

@@ -1,5 +1,9 @@
 """DecoderLM: embed -> blocks -> final norm -> LM head. Knows nothing of training, IO or devices.
 
+``SchemedModel`` is what every model family shares (``DecoderLM`` here, ``depthlab.vit.ViT``): blocks from
+the scheme registry, the scheme's init rule, a meta-device parameter count, and one way to build a model
+that holds given weights (no init pass, every key checked, a shape mismatch named in one line).
+
 The residual stream at block boundaries is exposed for the diagnostics:
 ``hidden_states[0]`` is the embedding output (input of block 1), ``hidden_states[l]`` the output
 of block ``l`` (before the final norm).
@@ -13,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from depthlab.config import ModelConfig
+from depthlab.config import ModelConfig, SchemedConfig
 from depthlab.errors import DepthlabError, first_line
 from depthlab.nn.attention import RotaryEmbedding
 from depthlab.schemes import decoder_parts, get_scheme
@@ -28,7 +32,73 @@ class LMOutput:
     hidden_states: tuple[torch.Tensor, ...] | None = None  # L+1 tensors (B, T, D)
 
 
-class DecoderLM(nn.Module):
+class SchemedModel(nn.Module):
+    """Base of every model family: ``cfg`` (a :class:`~depthlab.config.SchemedConfig`) and ``blocks`` built
+    from its registry scheme. Subclasses build their modules in ``__init__`` and may add ``init_own``
+    (their own parameters, initialised after the scheme's rule) and ``tied_keys`` / ``tie_weights``."""
+
+    cfg: SchemedConfig
+
+    def init_own(self) -> None:
+        """Initialise the family's own parameters (after the scheme's rule, before its post-init)."""
+
+    def tied_keys(self) -> set[str]:
+        """State-dict keys that alias another weight (re-tied after loading, never required in a state)."""
+        return set()
+
+    def tie_weights(self) -> None:
+        """Re-establish aliased weights (after construction and after ``load_state_dict(assign=True)``)."""
+
+    def reset_parameters(self) -> None:
+        """(Re-)initialise with the scheme's rule; also materialises a model built on ``meta``."""
+        scheme = get_scheme(self.cfg.scheme)
+        with torch.no_grad():
+            scheme.init(self)
+            self.init_own()
+        if scheme.post_init is not None:
+            scheme.post_init(self)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @classmethod
+    def build(cls, cfg: SchemedConfig, device: torch.device | str | None = None) -> "SchemedModel":
+        """Build and initialise a model. On ``device="meta"`` the weights stay unmaterialised: call
+        ``model.to_empty(device=...)`` then ``model.reset_parameters()``."""
+        with torch.device(device or "cpu"):
+            model = cls(cfg)
+            if str(device) != "meta":
+                model.reset_parameters()
+        return model
+
+    @classmethod
+    def count_params(cls, cfg: SchemedConfig) -> int:
+        """Parameter count of the model ``cfg`` describes, from its modules built on the meta device."""
+        with torch.device("meta"):
+            return cls(cfg).num_params()
+
+    @classmethod
+    def with_weights(cls, cfg: SchemedConfig, state: dict[str, torch.Tensor], where: str,
+                     device: torch.device | str | None = None) -> "SchemedModel":
+        """A model of ``cfg`` holding exactly ``state``: built on the meta device, so no init pass runs
+        (Admin's profiling included) on weights about to be replaced. ``where`` names the source in errors."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        try:
+            missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        except RuntimeError as err:  # shape mismatch: weights of another size than the config says
+            detail = next((ln.strip() for ln in str(err).splitlines() if "size mismatch" in ln), first_line(err))
+            raise DepthlabError(f"{where} does not match its config ({cfg.n_layers} layers, d_model {cfg.d_model}): "
+                                f"{detail[:200]}") from None
+        model.tie_weights()
+        missing = [k for k in missing if k not in model.tied_keys()]
+        if missing or unexpected:
+            raise DepthlabError(f"{where} does not match scheme {cfg.scheme!r}: "
+                                f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+        return model.to(device or "cpu").eval()
+
+
+class DecoderLM(SchemedModel):
     """embed ─► embed_norm ─► block_1 … block_L (each from the registry, at its depth l) ─► norm ─► head."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -41,18 +111,15 @@ class DecoderLM(nn.Module):
         self.blocks = nn.ModuleList(scheme.block(parts, options, layer) for layer in cfg.depths)
         self.norm = scheme.final_norm(parts, options)  # never scaled by LNS
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+        self.tie_weights()
         self.rope = RotaryEmbedding(cfg.dim_head, cfg.rope_theta)
 
-    # ------------------------------------------------------------------ init
-    def reset_parameters(self) -> None:
-        """(Re-)initialise with the scheme's rule; also materialises a model built on ``meta``."""
-        scheme = get_scheme(self.cfg.scheme)
-        with torch.no_grad():
-            scheme.init(self)
-        if scheme.post_init is not None:
-            scheme.post_init(self)
+    def tied_keys(self) -> set[str]:
+        return {"lm_head.weight"} if self.cfg.tie_embeddings else set()
+
+    def tie_weights(self) -> None:
+        if self.cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
 
     # ------------------------------------------------------------------ pieces (used by diagnostics)
     def run_blocks(self, h: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
@@ -90,8 +157,6 @@ class DecoderLM(nn.Module):
         """Random model inputs for profiling passes at init (Admin): ``batch`` rows of token ids."""
         return torch.randint(self.cfg.vocab_size, (batch, min(128, self.cfg.max_seq_len)), generator=generator)
 
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
 
 def num_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
@@ -106,32 +171,12 @@ def num_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> DecoderLM:
-    """Build and initialise a model. On ``device="meta"`` the weights stay unmaterialised: call
-    ``model.to_empty(device=...)`` then ``model.reset_parameters()``."""
-    with torch.device(device or "cpu"):
-        model = DecoderLM(cfg)
-        if str(device) != "meta":
-            model.reset_parameters()
-    return model
+    """Build and initialise a decoder (:meth:`SchemedModel.build`); on ``device="meta"`` the weights stay
+    unmaterialised: call ``model.to_empty(device=...)`` then ``model.reset_parameters()``."""
+    return DecoderLM.build(cfg, device)  # type: ignore[return-value]
 
 
 def model_with_weights(cfg: ModelConfig, state: dict[str, torch.Tensor], where: str,
                        device: torch.device | str | None = None) -> DecoderLM:
-    """A model of ``cfg`` holding exactly ``state``: built on the meta device, so no init pass runs
-    (Admin's profiling included) on weights about to be replaced. ``where`` names the source in errors."""
-
-    with torch.device("meta"):
-        model = DecoderLM(cfg)
-    try:
-        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    except RuntimeError as err:  # shape mismatch: weights of another size than the config says
-        detail = next((ln.strip() for ln in str(err).splitlines() if "size mismatch" in ln), first_line(err))
-        raise DepthlabError(f"{where} does not match its config ({cfg.n_layers} layers, d_model {cfg.d_model}): "
-                            f"{detail[:200]}") from None
-    if cfg.tie_embeddings:
-        model.lm_head.weight = model.embed.weight
-        missing = [k for k in missing if k != "lm_head.weight"]
-    if missing or unexpected:
-        raise DepthlabError(f"{where} does not match scheme {cfg.scheme!r}: "
-                            f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
-    return model.to(device or "cpu").eval()
+    """A decoder holding exactly ``state`` (:meth:`SchemedModel.with_weights`)."""
+    return DecoderLM.with_weights(cfg, state, where, device)  # type: ignore[return-value]

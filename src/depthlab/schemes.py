@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from depthlab.errors import ConfigError, DepthlabError, choices
+from depthlab.errors import ConfigError, choices
 from depthlab.nn.attention import Attention
 from depthlab.nn.blocks import PostNormBlock, PreNormBlock
 from depthlab.nn.dyt import DyT
@@ -403,7 +403,8 @@ def parse_scheme_spec(text: str) -> SchemeSpec:
     (an unknown scheme, an unknown option with the scheme's options, a bad value with its choices)."""
     name, *pairs = [p.strip() for p in str(text).strip().split(":")]
     if name not in SCHEMES:
-        raise DepthlabError(f"unknown scheme {name!r} in {text!r}; {choices(SCHEMES)}")
+        where = f" in {text!r}" if pairs else ""
+        raise ConfigError(f"unknown scheme {name!r}{where}; {choices(SCHEMES)}")
     scheme = get_scheme(name)
     own = ", ".join(o.name for o in scheme.options) or "none"
     given: dict[str, Any] = {}
@@ -413,11 +414,11 @@ def parse_scheme_spec(text: str) -> SchemeSpec:
         opt = next((o for o in scheme.options if key in (o.name, o.alias)), None)
         if not sep or not key or opt is None:
             what = f"option {key!r}" if sep and key else f"part {pair!r} (want key=value)"
-            raise DepthlabError(f"unknown {what} in scheme variant {text!r}; scheme {name!r} has options: {own}")
+            raise ConfigError(f"unknown {what} in scheme variant {text!r}; scheme {name!r} has options: {own}")
         if opt.name in given:
-            raise DepthlabError(f"option {opt.name!r} given twice in scheme variant {text!r}")
+            raise ConfigError(f"option {opt.name!r} given twice in scheme variant {text!r}")
         try:
             given[opt.name] = opt.parse(f"{name} option {opt.name}", value.strip())
         except ConfigError as err:
-            raise DepthlabError(f"scheme variant {text!r}: {err}") from None
+            raise ConfigError(f"scheme variant {text!r}: {err}") from None
     return SchemeSpec(name, scheme.canonical(given))

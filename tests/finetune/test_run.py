@@ -140,7 +140,7 @@ def test_an_lns_marked_hf_model_is_fine_tuned_as_lns_with_its_own_tokenizer(tmp_
     from depthlab.hf.convert import hf_tokenizer
 
     texts = [f"word{i} and more words {i * 7}" for i in range(200)]
-    from depthlab.finetune.data import TEMPLATES
+    from depthlab.data.sft import TEMPLATES
 
     tok = hf_tokenizer(_train_bpe(400, texts + [TEMPLATES["alpaca"].prompt_no_input] * 20, "bpe:400"))
     torch.manual_seed(0)

@@ -193,7 +193,7 @@ def test_prune_lns_run_keeps_original_depths(tmp_path):
 def test_a_pruned_run_continues_training_with_init_from(tmp_path):
     import shutil
 
-    from depthlab.train.checkpoint import load_run
+    from depthlab.targets.runs import load_run
 
     run = _lns_run(tmp_path)
     pruned = tmp_path / "pruned"

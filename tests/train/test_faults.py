@@ -17,10 +17,10 @@ from depthlab import from_preset
 from depthlab.cli import main
 from depthlab.data import build_tokenizer
 from depthlab.errors import DepthlabError
+from depthlab.store.checkpoint import damage, list_checkpoints, save_checkpoint
+from depthlab.store.lock import RunLock
 from depthlab.train import TrainConfig, TrainingDiverged, load_run, train
 from depthlab.train import loop as loop_mod
-from depthlab.train.checkpoint import damage, list_checkpoints, save_checkpoint
-from depthlab.train.lock import RunLock
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -179,12 +179,12 @@ def test_unsafe_pickle_is_one_line_without_advice(tmp_path, reference):
 
     torch.save({"x": Evil()}, ckpt / "optimizer.pt")
     state = json.loads((ckpt / "trainer_state.json").read_text())  # a consistent tampering: sizes and sums updated
-    from depthlab.train.integrity import sha256_file
+    from depthlab.store.integrity import sha256_file
 
     state["files"]["optimizer.pt"] = (ckpt / "optimizer.pt").stat().st_size
     state["sha256"]["optimizer.pt"] = sha256_file(ckpt / "optimizer.pt")
     (ckpt / "trainer_state.json").write_text(json.dumps(state))
-    from depthlab.train.checkpoint import load_intact
+    from depthlab.store.checkpoint import load_intact
 
     with pytest.raises(DepthlabError) as info:
         load_intact(ckpt)
@@ -278,7 +278,7 @@ def test_kill_during_checkpoint_write_resumes_exactly(tmp_path, reference):
     run = tmp_path / "run"
     script = textwrap.dedent(f"""
         import os, signal, torch
-        import depthlab.train.checkpoint as ck
+        import depthlab.store.checkpoint as ck
         from depthlab import from_preset
         from depthlab.train import TrainConfig, train
         torch.set_num_threads(1)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from depthlab.data.images import TrainImages, augment_batch, load_images, split_indices
 from depthlab.errors import DepthlabError
 from depthlab.vit import vit_from_preset
-from depthlab.vit.data import augment_batch, load_images, split_indices
 
 needs_sklearn = pytest.mark.skipif(__import__("importlib.util").util.find_spec("sklearn") is None,
                                    reason="the digits need scikit-learn")
@@ -23,7 +23,7 @@ def test_digits_split_is_deterministic_disjoint_and_normalised():
     assert abs(a.train_x.mean().item()) < 1e-4 and abs(a.train_x.std().item() - 1) < 1e-2  # training-split stats
     assert a.train_y.dtype == torch.long and a.train_x.dtype == torch.float32
     assert not a.augment  # 8x8: no shifts by default
-    x, y = next(a.batches(16))
+    x, y = TrainImages(a.train_x, a.train_y, seed=0, augment=a.augment).rank_batch(0, 16)
     assert x.shape == (16, 1, 8, 8) and y.shape == (16,)
 
 
@@ -79,7 +79,7 @@ def test_bad_image_data_is_one_line(tmp_path, case, match):
         spec = "nope.bin"
     with pytest.raises(DepthlabError) as err:
         if case == "missing":
-            from depthlab.vit.data import load_image_folder
+            from depthlab.data.images import load_image_folder
             load_image_folder(spec, 8, 1)
         else:
             load_images(spec, image_size=8, channels=3)
@@ -87,13 +87,13 @@ def test_bad_image_data_is_one_line(tmp_path, case, match):
 
 
 @needs_sklearn
-def test_fit_on_digits_beats_chance_clearly():
-    from depthlab.vit.train import fit
+def test_training_on_digits_beats_chance_clearly(tmp_path):
+    from depthlab.train import TrainConfig, train
 
     torch.set_num_threads(1)
-    data = load_images("digits")
     cfg = vit_from_preset("vit-tiny", n_layers=4, d_model=32, n_heads=2, d_ff=64, init_std=0.1)
-    result = fit(cfg, data, steps=150, lr=3e-3, batch_size=64, seed=0)
-    assert result["accuracy"] > 0.5, result["accuracy"]
-    assert len(result["layer_variance"]) == 4 and all(v > 0 for v in result["layer_variance"])
-    assert result["loss"] < 2.0
+    summary = train(cfg, TrainConfig(data="digits", steps=150, lr=3e-3, batch_size=64, seed=0, eval_every=0,
+                                     ckpt_every=0, track_depth=False, device="cpu"), tmp_path / "run", quiet=True)
+    assert summary["eval_acc"] > 0.5, summary["eval_acc"]
+    assert len(summary["layer_variance"]) == 4 and all(v > 0 for v in summary["layer_variance"])
+    assert summary["eval_loss"] < 2.0

@@ -55,7 +55,7 @@ class OutputGuard:
             return
         if any(self.path.rglob("trainer_state.json")):
             return
-        from depthlab.train.lock import RunLock
+        from depthlab.store.lock import RunLock
 
         lock = RunLock(self.path)
         try:

@@ -80,8 +80,8 @@ def build_config(args, schemes: list[str], preset: str, model_set: list[str] | N
     from depthlab.cli._args import parse_overrides
     from depthlab.compare import CompareConfig
     from depthlab.diagnostics import DiagnoseOptions
+    from depthlab.families import family_of_preset
     from depthlab.train import TrainConfig
-    from depthlab.train.family import family_of_preset
 
     data = args.data or ("digits" if family_of_preset(preset).name == "vit" else "builtin")
     train = TrainConfig(data=data, tokenizer=args.tokenizer, steps=args.steps, seq_len=args.seq_len,
@@ -96,7 +96,7 @@ def run_and_print(cfg, out: str, command: str, jobs: int = 1) -> int:
     from pathlib import Path
 
     from depthlab.compare import compare, markdown_table
-    from depthlab.train.lock import RunLock
+    from depthlab.store.lock import RunLock
 
     def progress(scheme: str, seed: int, row: dict) -> None:
         metric = f"ppl {row['eval_ppl']:.2f}" if "eval_ppl" in row else f"top-1 {100 * row['eval_acc']:.2f} %"

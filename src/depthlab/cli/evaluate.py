@@ -46,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from depthlab.cli.diagnose import _device_dtype
-    from depthlab.diagnostics.targets import load_target
+    from depthlab.data.sft import get_template
     from depthlab.errors import DepthlabError
     from depthlab.evaluate import evaluate, load_tasks, markdown_table
-    from depthlab.finetune.data import get_template
+    from depthlab.targets import load_target
 
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

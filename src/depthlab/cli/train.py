@@ -100,9 +100,10 @@ def register(subparsers) -> None:
 def build_configs(args):
     """(ModelConfig, TrainConfig, out_dir, resume, start) from parsed args (saved config when resuming;
     the source's model and tokenizer with ``--init-from``)."""
+    from depthlab.configure import configure, from_preset
     from depthlab.errors import DepthlabError
+    from depthlab.families import config_from_saved
     from depthlab.train import TrainConfig
-    from depthlab.train.family import family_named, model_config_from_saved, model_from_preset
 
     resume = args.resume is not None
     if resume and args.init_from:
@@ -123,19 +124,18 @@ def build_configs(args):
         if not cfg_path.is_file():
             raise DepthlabError(f"cannot resume {out!r}: no config.json there (not a run directory)")
         saved = json.loads(cfg_path.read_text())
-        family = family_named(saved.get("family"))  # LM or ViT, as the run recorded
         if args.preset:
-            model_cfg = model_from_preset(args.preset, **{"scheme": saved["model"]["scheme"], **scheme, **overrides})
+            model_cfg = from_preset(args.preset, **{"scheme": saved["model"]["scheme"], **scheme, **overrides})
         elif args.scheme or overrides:
-            model_cfg = family.configure(model_config_from_saved(saved), **{**scheme, **overrides})
+            model_cfg = configure(config_from_saved(saved), **{**scheme, **overrides})
         else:
-            model_cfg = model_config_from_saved(saved)
+            model_cfg = config_from_saved(saved)
         train_cfg = TrainConfig.from_dict({**saved["train"], **given})
     elif args.init_from:
         model_cfg, train_cfg, start = _init_from(args, given)
         return model_cfg, train_cfg, out, False, start
     else:
-        model_cfg = model_from_preset(args.preset or "tiny", **{**scheme, **overrides})
+        model_cfg = from_preset(args.preset or "tiny", **{**scheme, **overrides})
         train_cfg = TrainConfig(**given)
     return model_cfg, train_cfg, out, resume, None
 

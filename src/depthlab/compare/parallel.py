@@ -29,7 +29,7 @@ def _init_worker(threads: int) -> None:
 def _warm_tokenizer(cfg: Any) -> None:
     """Train (and cache) the runs' BPE tokenizer once, so parallel runs only read it."""
     from depthlab.data import DEFAULT_TOKENIZER, build_tokenizer, is_shard_dir, iter_documents
-    from depthlab.train.family import family_of_preset
+    from depthlab.families import family_of_preset
 
     if family_of_preset(cfg.preset).name != "lm":  # ViTs read images: no tokenizer
         return

@@ -30,12 +30,14 @@ from depthlab.compare.downstream import Downstream, downstream_markdown, downstr
 from depthlab.compare.parallel import run_in_parallel
 from depthlab.compare.table import COLUMNS, markdown_table
 from depthlab.compare.tracking import compare_tracking_markdown
+from depthlab.configure import from_preset
 from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target, write_report
 from depthlab.diagnostics.tracking import deepest_third
 from depthlab.errors import DepthlabError, choices
+from depthlab.families import family_of, family_of_preset
 from depthlab.schemes import BASELINE_SCHEME, SCHEMES, SchemeSpec, parse_scheme_spec
 from depthlab.train import TrainConfig, list_checkpoints, train
-from depthlab.train.family import family_of, family_of_preset, model_from_preset
+from depthlab.train.family import train_family
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ class CompareConfig:
             raise DepthlabError(f"steps must be a positive integer, got {self.train.steps}")
         for scheme in self.schemes:  # every model config must be valid before anything is trained
             model_cfg = self.model_config(scheme)
-            family_of(model_cfg).resolve_train(self.train, model_cfg)
+            train_family(model_cfg).resolve_train(self.train, model_cfg)
         self.downstream.validate(family_of(self.model_config(self.schemes[0])).name)
 
     def specs(self) -> list[SchemeSpec]:
@@ -75,8 +77,7 @@ class CompareConfig:
 
     def model_config(self, scheme: str):
         """The model of one scheme variant (``lns:position=after-branch``): preset, overrides, the variant's options."""
-        spec = parse_scheme_spec(scheme)
-        return model_from_preset(self.preset, **{**self.model_overrides, "scheme": spec.name, **spec.options})
+        return from_preset(self.preset, **self.model_overrides, scheme=parse_scheme_spec(scheme))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -19,8 +19,8 @@ from depthlab.diagnostics.removal import RemovalAccumulator, joint_removal_loss,
 from depthlab.diagnostics.report import render_html, write_report
 from depthlab.diagnostics.runner import DiagnoseOptions, diagnose
 from depthlab.diagnostics.summary import removable_blocks, summary_sentence
-from depthlab.diagnostics.targets import SHORT_NAMES, Target, load_target
 from depthlab.diagnostics.variance import VarianceAccumulator
+from depthlab.targets import SHORT_NAMES, Target, load_target
 
 __all__ = [
     "SHORT_NAMES",

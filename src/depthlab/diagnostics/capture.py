@@ -1,6 +1,7 @@
 """One mechanism to read the residual stream of any layered model: hooks on its layers.
 
     cap = ResidualCapture(model, find_layers(model), forward=lambda ids: model(ids).logits)
+    cap = capture_of(target)                        # the same for a loaded Target
     logits, states = cap.run(input_ids)             # states[l-1] = x^l, input of block l; states[L] = output of block L
     logits_wo_3 = cap.run_skipping(input_ids, states, {3})   # block 3 removed, blocks 4..L run again
 
@@ -27,38 +28,7 @@ import torch
 from torch import nn
 
 from depthlab.errors import DepthlabError
-
-#: Where HF models keep their layer list, relative to ``model.base_model`` (tried in order).
-LAYER_PATHS: tuple[str, ...] = ("layers", "h", "blocks", "encoder.layer", "decoder.layers", "transformer.h",
-                                "model.layers", "layer")
-
-
-def _get_path(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
-
-
-def find_layers(model: nn.Module) -> nn.ModuleList:
-    """The ordered residual blocks of a depthlab ``DecoderLM`` or ``ViT``, or of a Hugging Face model."""
-    from depthlab.model import DecoderLM
-    from depthlab.vit.model import ViT
-
-    if isinstance(model, (DecoderLM, ViT)):
-        return model.blocks
-    for root in (getattr(model, "base_model", None), model):
-        if root is None:
-            continue
-        for path in LAYER_PATHS:
-            layers = _get_path(root, path)
-            if isinstance(layers, nn.ModuleList) and len(layers) > 0:
-                return layers
-    raise DepthlabError(
-        f"cannot find the layer list of {type(model).__name__}: the diagnostics need a model whose blocks sit in "
-        f"a ModuleList at one of: {', '.join(LAYER_PATHS)} (depthlab models, HF Llama/Mistral/Qwen/GPT-2/BERT-style)"
-    )
+from depthlab.targets.layers import find_layers
 
 
 def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -219,3 +189,8 @@ class ResidualCapture:
             self.run(input_ids[:1, :2])  # learn the layers' output format
         with self._patched(None, skip):
             return self.forward(input_ids)
+
+
+def capture_of(target: Any) -> ResidualCapture:
+    """The capture of a :class:`~depthlab.targets.Target`: hooks on its layers, its own forward."""
+    return ResidualCapture(target.model, find_layers(target.model), target.forward_fn())

@@ -1,6 +1,6 @@
 """Multiple-choice accuracy, for the full model and with each block removed.
 
-Tasks are read by :mod:`depthlab.evaluate.tasks`, as ``depthlab evaluate`` reads them: a local
+Tasks are read by :mod:`depthlab.data.tasks`, as ``depthlab evaluate`` reads them: a local
 ``.jsonl`` in the native format of ARC, OpenBookQA, PIQA, HellaSwag, BoolQ, WinoGrande, SIQA or
 ``{"context", "choices", "answer"}`` or ``{"question", "choices", "answer"}``, ``builtin-mc``, or
 ``hf:NAME[:CONFIG[:SPLIT]]``; each with lm-evaluation-harness's zero-shot prompt. Scoring is lm-eval's:
@@ -37,7 +37,7 @@ class MCItem:
 
 def load_mc(spec: str | Path, limit: int | None = None) -> list[MCItem]:
     """Items of a task spec as ``depthlab evaluate`` takes it (a .jsonl in one of
-    :data:`depthlab.evaluate.tasks.FORMATS`, ``builtin-mc``, ``hf:NAME``)."""
+    :data:`depthlab.data.tasks.FORMATS`, ``builtin-mc``, ``hf:NAME``)."""
     from depthlab.evaluate import load_tasks
 
     task = load_tasks([str(spec)], limit)[0]

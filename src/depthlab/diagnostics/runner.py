@@ -1,4 +1,4 @@
-"""Run every diagnostic on a :class:`~depthlab.diagnostics.targets.Target` in one streaming pass.
+"""Run every diagnostic on a :class:`~depthlab.targets.Target` in one streaming pass.
 
     target = load_target("smollm2")
     report = diagnose(target, DiagnoseOptions(data="builtin", tokens=16384))
@@ -20,15 +20,16 @@ from typing import Any
 import torch
 
 from depthlab.diagnostics.angular import AngularAccumulator, adjacent, pair_matrix_to_layout
+from depthlab.diagnostics.capture import capture_of
 from depthlab.diagnostics.jacobian import block_jacobians
 from depthlab.diagnostics.mc import MCAccumulator, load_mc
 from depthlab.diagnostics.removal import RemovalAccumulator, joint_removal_loss, nll_sum
 from depthlab.diagnostics.summary import removable_blocks, summary_sentence
-from depthlab.diagnostics.targets import Target
 from depthlab.diagnostics.variance import VarianceAccumulator
 from depthlab.errors import DepthlabError
 from depthlab.metrics import perplexity
 from depthlab.progress import progress
+from depthlab.targets.target import Target
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def diagnose(target: Target, opts: DiagnoseOptions | None = None, command: str |
     Jacobian matrices under the private key ``_matrices``)."""
     opts = opts or DiagnoseOptions()
     t0 = time.time()
-    cap = target.capture()
+    cap = capture_of(target)
     L = cap.n_layers
     batches = target.batches_for(opts) if target.batches_for is not None else _Batches(target, opts)
     streamed = _stream(cap, batches, target, opts)

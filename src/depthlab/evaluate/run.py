@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from depthlab.data.builtin_tasks import BUILTIN_TASKS, builtin_task
+from depthlab.data.tasks import Task, load_task_file, parse_rows
 from depthlab.errors import DepthlabError, choices, first_line
-from depthlab.evaluate.builtin import BUILTIN_TASKS, builtin_task
 from depthlab.evaluate.scoring import score_generate, score_loglik
-from depthlab.evaluate.tasks import Task, load_task_file, parse_rows
 from depthlab.provenance import versions
 
 log = logging.getLogger(__name__)
@@ -97,10 +97,10 @@ def _max_length(target: Any) -> int:
 def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path | None = None,
              limit: int | None = None, batch_size: int = 8, scoring: str = "loglik", template: str = "alpaca",
              max_new_tokens: int = 32, progress: bool = True, command: str | None = None) -> dict[str, dict[str, Any]]:
-    """Score ``tasks`` on ``target`` (a :class:`~depthlab.diagnostics.targets.Target` or what
+    """Score ``tasks`` on ``target`` (a :class:`~depthlab.targets.Target` or what
     ``load_target`` accepts). Returns ``{task: {acc, acc_norm, n, acc_stderr, acc_norm_stderr, ...}}``
     (``generate``: acc only); with ``out``, writes ``eval.json`` and ``eval.md`` there."""
-    from depthlab.finetune.data import get_template
+    from depthlab.data.sft import get_template
 
     if scoring not in SCORINGS:
         raise DepthlabError(f"unknown scoring {scoring!r}; {choices(SCORINGS)}")
@@ -109,7 +109,7 @@ def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path 
     tmpl = get_template(template)
     task_list = load_tasks(tasks, limit)
     if not hasattr(target, "forward_fn"):
-        from depthlab.diagnostics.targets import load_target
+        from depthlab.targets import load_target
 
         target = load_target(str(target))
     codec, fn, max_len = _Codec(target), target.forward_fn(), _max_length(target)

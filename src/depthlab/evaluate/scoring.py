@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from depthlab.evaluate.tasks import Task
+from depthlab.data.tasks import Task
 
 Encode = Callable[[str], list[int]]
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]

@@ -2,7 +2,7 @@
 
 The fine-tuning loop itself lives with the trainer (not here)."""
 
-from depthlab.finetune.data import (
+from depthlab.data.sft import (
     TEMPLATES,
     PromptTemplate,
     SFTDataset,

@@ -43,8 +43,8 @@ import torch
 from depthlab.config import ModelConfig
 from depthlab.data import Tokenizer
 from depthlab.data.batches import SeededOrder
+from depthlab.data.sft import SFTDataset, get_template, load_records, pack_examples, pad_examples
 from depthlab.errors import DepthlabError
-from depthlab.finetune.data import SFTDataset, get_template, load_records, pack_examples, pad_examples
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData
 from depthlab.train.start import Source, load_source, read_json_object
@@ -74,7 +74,7 @@ def _resumed_source(out: Path) -> Source:
 def sft_records(spec: str) -> list[dict[str, Any]]:
     """``builtin-sft`` or a ``.json`` / ``.jsonl`` file of Alpaca / chat records."""
     if spec == BUILTIN_SFT:
-        from depthlab.evaluate.builtin import builtin_sft_records
+        from depthlab.data.builtin_tasks import builtin_sft_records
 
         return builtin_sft_records()
     return load_records(spec)

@@ -18,9 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from depthlab.diagnostics.capture import ResidualCapture, find_layers
+from depthlab.diagnostics.capture import ResidualCapture, capture_of
 from depthlab.diagnostics.removal import joint_removal_loss
-from depthlab.diagnostics.targets import Target
 from depthlab.errors import DepthlabError
 from depthlab.metrics import perplexity
 from depthlab.prune.export import (
@@ -35,6 +34,8 @@ from depthlab.prune.export import (
 )
 from depthlab.prune.heal import HealOptions, check_heal, heal
 from depthlab.prune.select import Selection, Survey, check_blocks, check_method, select_blocks, survey_model
+from depthlab.targets.layers import find_layers
+from depthlab.targets.target import Target
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def _bar(total: int, desc: str, enabled: bool):
 
 def choose(target: Target, opts: PruneOptions, batches) -> tuple[Survey, Selection]:
     """Survey the model on held-out text, then pick the blocks; refuses a budget no block fits."""
-    cap = target.capture()
+    cap = capture_of(target)
     n_seq = -(-opts.tokens // opts.seq_len)
     with _bar(n_seq, "held-out pass", opts.progress) as bar:
         before = survey_model(cap, batches, bar.update)

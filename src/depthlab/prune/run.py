@@ -39,7 +39,7 @@ def drop_blocks(model, removed: list[int]):
 def write_run(model, target, run_dir: Path, report: dict[str, Any]) -> Path:
     """A depthlab run directory holding ``model`` at step 0 (no optimizer state: continued training starts
     a fresh optimizer), its tokenizer, and a config recording where it was pruned from."""
-    from depthlab.train.checkpoint import save_checkpoint
+    from depthlab.store.checkpoint import save_checkpoint
 
     config = {"model": model.cfg.to_dict(), "train": target.info.get("train"),
               "tokenizer": {"spec": getattr(target.tokenizer, "spec", None)},

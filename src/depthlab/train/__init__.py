@@ -6,10 +6,11 @@
     model, tokenizer, config = load_run("runs/lns")
 """
 
-from depthlab.train.checkpoint import find_checkpoint, list_checkpoints, load_run
-from depthlab.train.config import PRESET_DEFAULTS, TrainConfig
+from depthlab.store.checkpoint import find_checkpoint, list_checkpoints
+from depthlab.targets.runs import load_run
+from depthlab.train.config import TrainConfig
 from depthlab.train.loop import RESUME_KEYS, TrainingDiverged, train
 from depthlab.train.optim import lr_at
 
 __all__ = ["TrainConfig", "train", "load_run", "find_checkpoint", "list_checkpoints", "TrainingDiverged",
-           "lr_at", "PRESET_DEFAULTS", "RESUME_KEYS"]
+           "lr_at", "RESUME_KEYS"]

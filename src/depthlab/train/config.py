@@ -1,8 +1,8 @@
 """TrainConfig: every knob of a pre-training run, typed, commented, JSON round-trip.
 
-Fields left ``None`` are filled per preset by :meth:`TrainConfig.resolve` following docs/paper.md §4.2
-(lr 1e-3 up to 250M, 5e-4 above; warm-up 10% of steps, 1% at 1B+; sequence length 256; global
-batch 512 sequences); the ``tiny`` preset gets CPU-sized defaults.
+Fields left ``None`` are filled per preset (``depthlab.presets.TRAIN_DEFAULTS``) by :meth:`TrainConfig.resolve`
+following docs/paper.md §4.2 (lr 1e-3 up to 250M, 5e-4 above; warm-up 10% of steps, 1% at 1B+; sequence
+length 256; global batch 512 sequences); the ``tiny`` preset gets CPU-sized defaults.
 """
 
 from __future__ import annotations
@@ -12,32 +12,12 @@ from typing import Any
 
 from depthlab.config import JsonConfig, ModelConfig
 from depthlab.errors import ConfigError, choices
+from depthlab.presets import PAPER_DEFAULTS, TRAIN_DEFAULTS
 
 OPTIMIZERS = ("adam", "adamw")
 DTYPES = ("auto", "fp32", "bf16")
 DIST_MODES = ("none", "ddp", "fsdp")
 MAX_LR = 1e6  # larger learning rates overflow Adam's float32 arithmetic: refused as a typo
-
-#: docs/paper.md §4.2 per preset: (lr, steps, warm-up fraction, seq_len, global batch in sequences).
-PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "tiny": dict(lr=2e-3, steps=300, warmup=0.1, seq_len=128, batch_size=16, eval_tokens=32_768),
-    "llama-9m": dict(lr=1e-3, steps=10_000, warmup=0.1),
-    "llama-20m": dict(lr=1e-3, steps=10_000, warmup=0.1),
-    "llama-35m": dict(lr=1e-3, steps=10_000, warmup=0.1),
-    "llama-40m": dict(lr=1e-3, steps=10_000, warmup=0.1),
-    "llama-60m": dict(lr=1e-3, steps=10_000, warmup=0.1),
-    "llama-71m": dict(lr=1e-3, steps=10_000, warmup=0.1),
-    "llama-100m": dict(lr=1e-3, steps=20_000, warmup=0.1),
-    "llama-130m": dict(lr=1e-3, steps=20_000, warmup=0.1),
-    "llama-250m": dict(lr=1e-3, steps=40_000, warmup=0.1),
-    "llama-350m": dict(lr=5e-4, steps=60_000, warmup=0.1),
-    "llama-1b": dict(lr=5e-4, steps=100_000, warmup=0.01),
-    "llama-3b": dict(lr=5e-4, steps=100_000, warmup=0.01),
-    "llama-7b": dict(lr=5e-4, steps=100_000, warmup=0.01),
-    "qwen2.5-0.5b": dict(lr=5e-4, steps=60_000, warmup=0.1),
-}
-PAPER_DEFAULTS = dict(lr=1e-3, steps=20_000, warmup=0.1, seq_len=256, batch_size=512, eval_tokens=1_048_576)
-
 
 @dataclass
 class TrainConfig(JsonConfig):
@@ -94,7 +74,7 @@ class TrainConfig(JsonConfig):
         c = self.to_dict()
         unset = [key for key in ("lr", "steps", "warmup", "seq_len", "batch_size", "eval_tokens") if c[key] is None]
         if unset:  # the size-based defaults need a parameter count: only when something is left to fill
-            by_preset = PRESET_DEFAULTS.get(model_cfg.name)
+            by_preset = TRAIN_DEFAULTS.get(model_cfg.name)
             d = {**PAPER_DEFAULTS, **(by_preset if by_preset is not None else _by_size(model_cfg))}
             for key in unset:
                 c[key] = d[key]
@@ -167,5 +147,5 @@ def _by_size(model_cfg: ModelConfig) -> dict[str, Any]:
 
     n = num_params(model_cfg, include_embeddings=False)
     if n < 5_000_000:
-        return PRESET_DEFAULTS["tiny"]
+        return TRAIN_DEFAULTS["tiny"]
     return dict(lr=5e-4 if n > 300_000_000 else 1e-3, steps=20_000, warmup=0.1)

@@ -11,6 +11,7 @@ go into :meth:`Evaluator.probe`: every key it returns lands in metrics.jsonl at 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,22 +59,31 @@ class Evaluator:
         return sum(int((_xy(b)[1] != IGNORE_INDEX).sum()) for b in self.eval_batches)
 
     @torch.no_grad()
-    def evaluate(self) -> EvalResult:
-        """Mean loss over every held-out target token that is not IGNORE_INDEX (rank r takes batches
-        r, r + world, ...)."""
+    def sharded_sum(self, stats: Callable[[Any], list[float]], width: int) -> torch.Tensor:
+        """The sum of ``stats(batch)`` (``width`` numbers) over every held-out batch, all ranks together:
+        rank r takes batches r, r + world, ... and every rank runs the same number of forwards (FSDP)."""
         batches, world = self.eval_batches, self.env.world_size
         mine = batches[self.env.rank::world]
-        total = torch.zeros(2, dtype=torch.float64)  # (loss sum, tokens)
+        total = torch.zeros(width, dtype=torch.float64)
         with self.forward.eval_mode():
-            for i in range(-(-len(batches) // world)):  # same number of forwards on every rank (FSDP)
-                b = mine[i] if i < len(mine) else batches[0]
-                x, y = _xy(b)
-                loss = self.forward(x, y).loss
+            for i in range(-(-len(batches) // world)):
+                values = stats(mine[i] if i < len(mine) else batches[0])
                 if i < len(mine):
-                    n = int((y != IGNORE_INDEX).sum())  # masked targets (padding, SFT prompts) count in no loss
-                    total += torch.tensor([loss.double().item() * n, n], dtype=torch.float64)
+                    total += torch.tensor(values, dtype=torch.float64)
         D.all_reduce_sum(total, self.env)
-        mean = (total[0] / total[1]).item()
+        return total
+
+    @torch.no_grad()
+    def evaluate(self) -> EvalResult:
+        """Mean loss over every held-out target token that is not IGNORE_INDEX."""
+
+        def stats(batch: Any) -> list[float]:
+            x, y = _xy(batch)
+            n = int((y != IGNORE_INDEX).sum())  # masked targets (padding, SFT prompts) count in no loss
+            return [self.forward(x, y).loss.double().item() * n, n]
+
+        loss_sum, count = self.sharded_sum(stats, 2).tolist()
+        mean = loss_sum / count
         return EvalResult(mean, perplexity(mean), self.tokens)
 
     @torch.no_grad()

@@ -1,14 +1,15 @@
-"""Model families the trainer drives: what differs between a language model and a ViT, in one place.
+"""How the trainer drives each model family: what differs between training a language model and a ViT.
 
-    family = family_of(model_cfg)            # by config type: ModelConfig -> "lm", ViTConfig -> "vit"
-    run = family.open_run(model_cfg, train_cfg, out, resume, env)   # checks (+ tokenizer for LMs)
-    data = family.load_data(run, env)        # TrainData: .train.rank_batch(step, ...), held-out, probe batch
-    model = family.build(run.model_cfg, device)
-    module = family.loss_module(model)       # forward(x, y, hidden, logits) -> LossOutput
-    evaluator = family.evaluator(forward, data, env, model, cfg)    # .evaluate() -> result with .record/.summary
+    tf = train_family(model_cfg)             # by the config's model family (depthlab.families)
+    run = tf.open_run(model_cfg, train_cfg, out, resume, env)   # checks (+ tokenizer for LMs)
+    data = tf.load_data(run, env)            # TrainData: .train.rank_batch(step, ...), held-out, probe batch
+    model = tf.family.build(run.model_cfg, device)
+    module = tf.loss_module(model)           # forward(x, y, hidden, logits) -> LossOutput
+    evaluator = tf.evaluator(forward, data, env, model, cfg)    # .evaluate() -> result with .record/.summary
 
-The loop (``depthlab.train.loop``) only ever calls these; ``config.json`` records ``family`` so that
-``load_run`` and ``diagnose`` rebuild the right model (runs written before families existed are LMs).
+The loop (``depthlab.train.loop``) only ever calls these; ``config.json`` records the family's name so
+that ``load_run`` and ``diagnose`` rebuild the right model (runs written before families existed are LMs).
+Building models is :mod:`depthlab.families`; the preset tables are :mod:`depthlab.presets`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from depthlab.config import PRESETS, ModelConfig
-from depthlab.errors import DepthlabError, choices
+from depthlab.families import Family, family_of
 from depthlab.train import distributed as D
 from depthlab.train import vit_family as V
 from depthlab.train.config import TrainConfig
@@ -28,26 +28,23 @@ from depthlab.train.data import TrainData, load_train_data
 from depthlab.train.evaluator import Evaluator
 from depthlab.train.rundir import open_run
 from depthlab.train.step import Forward
-from depthlab.vit.config import VIT_PRESETS, ViTConfig
 
 
 @dataclass(frozen=True)
-class Family:
-    """How the trainer builds, feeds and evaluates one kind of model."""
+class TrainFamily:
+    """How the trainer opens, feeds and evaluates runs of one model family."""
 
-    name: str  # recorded in config.json
-    config_type: type
-    presets: tuple[str, ...]
+    family: Family  # how its models are built (depthlab.families)
     open_run: Callable[..., Any]  # (model_cfg, train_cfg, out, resume, env) -> RunSetup
     load_data: Callable[..., TrainData]  # (run, env) -> TrainData
-    build: Callable[..., nn.Module]  # (model_cfg, device) -> model
     loss_module: Callable[[nn.Module], nn.Module]  # model -> module(x, y, hidden, logits) -> LossOutput
     evaluator_type: type  # an Evaluator
-    from_preset: Callable[..., Any]  # (preset, **overrides) -> config
-    configure: Callable[..., Any]  # (config, **overrides) -> config
-    with_weights: Callable[..., nn.Module]  # (config, state, where, device) -> model holding exactly state
     metric: str  # the held-out headline metric in summary.json: eval_ppl / eval_acc
     resolve_train: Callable[..., TrainConfig]  # (train_cfg, model_cfg) -> resolved TrainConfig (defaults filled)
+
+    @property
+    def name(self) -> str:
+        return self.family.name
 
     def evaluator(self, forward: Forward, data: TrainData, env: D.DistEnv, model: nn.Module,
                   cfg: TrainConfig) -> Evaluator:
@@ -56,61 +53,19 @@ class Family:
                                    track_removal=cfg.track_removal)
 
 
-def _build_lm(cfg: ModelConfig, device: Any = None) -> nn.Module:
-    """``depthlab.model.build_model``, looked up at call time (tests spy on it there)."""
-    import depthlab.model
-
-    return depthlab.model.build_model(cfg, device=device)
+def _lm_data(run: Any, env: D.DistEnv) -> TrainData:
+    return load_train_data(run.cfg, run.tokenizer, env)
 
 
-def _lm() -> Family:
-    from depthlab.configure import configure, from_preset
-    from depthlab.model import model_with_weights
-
-    return Family("lm", ModelConfig, tuple(PRESETS), open_run,
-                  lambda run, env: load_train_data(run.cfg, run.tokenizer, env), _build_lm, D.LMLoss, Evaluator,
-                  from_preset, configure, model_with_weights, "eval_ppl", lambda t, m: t.resolve(m))
-
-
-def _vit() -> Family:
-    from depthlab.vit.config import vit_configure, vit_from_preset
-    from depthlab.vit.model import build_vit, vit_with_weights
-
-    return Family("vit", ViTConfig, tuple(VIT_PRESETS), V.open_vit_run, V.load_vit_data, build_vit, V.ViTLoss,
-                  V.ImageEvaluator, vit_from_preset, vit_configure, vit_with_weights, "eval_acc", V.vit_train_config)
+_TRAINERS: dict[str, dict[str, Any]] = {
+    "lm": dict(open_run=open_run, load_data=_lm_data, loss_module=D.LMLoss, evaluator_type=Evaluator,
+               metric="eval_ppl", resolve_train=lambda t, m: t.resolve(m)),
+    "vit": dict(open_run=V.open_vit_run, load_data=V.load_vit_data, loss_module=V.ViTLoss,
+                evaluator_type=V.ImageEvaluator, metric="eval_acc", resolve_train=V.vit_train_config),
+}
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (_lm(), _vit())}
-ALL_PRESETS: tuple[str, ...] = tuple(p for f in FAMILIES.values() for p in f.presets)
-
-
-def family_of(model_cfg: Any) -> Family:
-    """The family of a model config (by its type)."""
-    for family in FAMILIES.values():
-        if isinstance(model_cfg, family.config_type):
-            return family
-    raise DepthlabError(f"no training family for a {type(model_cfg).__name__}; give a ModelConfig or a ViTConfig")
-
-
-def family_named(name: str | None) -> Family:
-    """The family ``config.json`` names (None: a run from before families, an LM)."""
-    if (name or "lm") not in FAMILIES:
-        raise DepthlabError(f"unknown model family {name!r} in the run's config.json; {choices(FAMILIES)}")
-    return FAMILIES[name or "lm"]
-
-
-def family_of_preset(preset: str) -> Family:
-    for family in FAMILIES.values():
-        if preset in family.presets:
-            return family
-    raise DepthlabError(f"unknown preset {preset!r}; {choices(ALL_PRESETS)}")
-
-
-def model_from_preset(preset: str, **overrides: Any) -> Any:
-    """A ModelConfig or ViTConfig of ``preset`` with fields / scheme options replaced."""
-    return family_of_preset(preset).from_preset(preset, **overrides)
-
-
-def model_config_from_saved(saved: dict[str, Any]) -> Any:
-    """The model config a run's config.json records, as its family's config type."""
-    return family_named(saved.get("family")).config_type.from_dict(saved["model"])
+def train_family(model_cfg: Any) -> TrainFamily:
+    """The trainer's side of ``model_cfg``'s family (DepthlabError for a config of no known family)."""
+    family = family_of(model_cfg)
+    return TrainFamily(family, **_TRAINERS[family.name])

@@ -30,14 +30,14 @@ from torch import nn
 
 from depthlab.config import ModelConfig
 from depthlab.errors import DepthlabError
+from depthlab.store.checkpoint import load_intact, remove_stale_tmp, save_checkpoint, set_rng_state
+from depthlab.store.integrity import first_nonfinite
+from depthlab.store.lock import RunGuard, run_guard
 from depthlab.train import distributed as D
-from depthlab.train.checkpoint import load_intact, remove_stale_tmp, save_checkpoint, set_rng_state
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData
 from depthlab.train.evaluator import EvalResult, Evaluator
-from depthlab.train.family import Family, family_of
-from depthlab.train.integrity import first_nonfinite
-from depthlab.train.lock import RunGuard, run_guard
+from depthlab.train.family import TrainFamily, train_family
 from depthlab.train.metrics_log import MetricsLog
 from depthlab.train.optim import build_optimizer
 from depthlab.train.rundir import RESUME_KEYS, RunSetup, write_run_dir
@@ -72,7 +72,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *
     input (before anything is written) and TrainingDiverged on a NaN/inf loss or non-finite weights.
     ``allow_changed``: schedule settings (lr, warmup, min_lr_ratio) a resume may change (recorded in
     config.json). The run directory is locked for the whole run (one writer; see
-    :mod:`depthlab.train.lock`), and a fresh run whose set-up fails leaves nothing behind.
+    ``depthlab.store.lock``), and a fresh run whose set-up fails leaves nothing behind.
     """
     env = D.setup(train_cfg.dist, _device(train_cfg))
     try:
@@ -104,7 +104,7 @@ def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bo
     device = _device(train_cfg, env.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    family = family_of(model_cfg)  # LM or ViT: how to build, feed and evaluate (family.py)
+    family = train_family(model_cfg)  # LM or ViT: how to build, feed and evaluate (family.py)
     if allow_changed and family.name != "lm":
         raise DepthlabError(f"--allow-changed is supported for language-model runs only, not {family.name!r}")
     extra: dict[str, Any] = {"allow_changed": allow_changed} if allow_changed else {}
@@ -155,7 +155,7 @@ class _Session:
         return self.wall_before + time.perf_counter() - self.t_loop
 
 
-def _start_session(family: Family, run: RunSetup, data: TrainData, config: dict[str, Any], device: torch.device,
+def _start_session(family: TrainFamily, run: RunSetup, data: TrainData, config: dict[str, Any], device: torch.device,
                    env: D.DistEnv, init: dict[str, torch.Tensor] | None = None) -> _Session:
     """Seed, build and wrap the model (a fresh run with ``init`` loads those weights), build the
     optimizer, restore the latest checkpoint when resuming (weights, optimizer, RNG, counters), open
@@ -163,7 +163,7 @@ def _start_session(family: Family, run: RunSetup, data: TrainData, config: dict[
     cfg = run.cfg
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
-    model = family.build(run.model_cfg, device=device)
+    model = family.family.build(run.model_cfg, device=device)
     if init is not None and not run.resume:
         model.load_state_dict(init)
     if cfg.compile:

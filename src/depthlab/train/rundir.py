@@ -29,9 +29,9 @@ from depthlab.data import (
 )
 from depthlab.errors import DepthlabError
 from depthlab.provenance import command_line, versions
+from depthlab.store.integrity import data_fingerprint, fingerprint_change
 from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
-from depthlab.train.integrity import data_fingerprint, fingerprint_change
 
 #: TrainConfig fields that must match to resume a run (they fix the data order and the update rule).
 RESUME_KEYS = ("data", "val_data", "text_field", "tokenizer", "seq_len", "pack", "streaming", "batch_size", "steps",

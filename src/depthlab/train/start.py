@@ -73,7 +73,8 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
 
 
 def _from_run(path: Path) -> Source:
-    from depthlab.train.checkpoint import find_checkpoint, load_run
+    from depthlab.store.checkpoint import find_checkpoint
+    from depthlab.targets.runs import load_run
 
     ckpt = find_checkpoint(path)
     model, tok, config = load_run(ckpt)

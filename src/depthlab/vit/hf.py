@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 
+from depthlab.config import ViTConfig
+from depthlab.configure import checked
 from depthlab.errors import DepthlabError
-from depthlab.vit.config import ViTConfig, vit_checked
-from depthlab.vit.model import ViT, vit_with_weights
+from depthlab.vit.model import ViT
 
 #: depthlab key (block ``{i}``) <- HF key under ``vit.encoder.layer.{i}.`` (transformers 4.x)
 _BLOCK_KEYS_V4 = {
@@ -52,7 +53,7 @@ def vit_config_from_hf(hf_config: Any) -> ViTConfig:
         raise DepthlabError(f"cannot convert this HF ViT: {'; '.join(problems)}")
     size = c.image_size if isinstance(c.image_size, int) else c.image_size[0]
     patch = c.patch_size if isinstance(c.patch_size, int) else c.patch_size[0]
-    return vit_checked(ViTConfig(
+    return checked(ViTConfig(
         name=f"hf:{getattr(c, '_name_or_path', '') or 'vit'}", image_size=size, patch_size=patch,
         channels=c.num_channels, num_classes=c.num_labels, n_layers=c.num_hidden_layers, d_model=c.hidden_size,
         n_heads=c.num_attention_heads, d_ff=c.intermediate_size, norm_eps=c.layer_norm_eps, pool="cls",
@@ -72,5 +73,5 @@ def from_hf_vit(hf_model: Any) -> ViT:
         for ours, theirs in keys.items():
             state[f"blocks.{i}.{ours}"] = src[f"{prefix}.{i}.{theirs}"]
     state = {k: v.detach().clone() for k, v in state.items()}
-    model: ViT = vit_with_weights(cfg, state, "the HF ViT", device=next(hf_model.parameters()).device)
+    model: ViT = ViT.with_weights(cfg, state, "the HF ViT", device=next(hf_model.parameters()).device)
     return model

@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from depthlab.config import ViTConfig
 from depthlab.errors import DepthlabError
+from depthlab.model import SchemedModel
 from depthlab.nn.attention import Attention
 from depthlab.nn.mlp import GeluMLP
 from depthlab.nn.norms import GroupLayerNorm, LayerNorm
 from depthlab.schemes import Parts, get_scheme
-from depthlab.vit.config import ViTConfig
 
 
 def vit_parts(cfg: ViTConfig) -> Parts:
@@ -40,7 +41,7 @@ class ViTOutput:
     hidden_states: tuple[torch.Tensor, ...] | None = None  # L+1 tensors (B, T, D), T = patches + 1
 
 
-class ViT(nn.Module):
+class ViT(SchemedModel):
     """pixels ─ patch_embed ─ [cls; patches] + pos_embed ─ embed_norm ─► block_1 … block_L ─► norm ─ pool ─ head."""
 
     def __init__(self, cfg: ViTConfig) -> None:
@@ -58,18 +59,12 @@ class ViT(nn.Module):
         self.classifier = nn.Linear(d, cfg.num_classes)
 
     # ------------------------------------------------------------------ init
-    def reset_parameters(self) -> None:
-        """(Re-)initialise with the scheme's rule (linear weights, norms, gains), then the ViT's own
-        parameters (patch embedding, class token, positions), then the scheme's post-init."""
-        scheme = get_scheme(self.cfg.scheme)
-        with torch.no_grad():
-            scheme.init(self)
-            std = self.cfg.init_std
-            for p in (self.patch_embed.weight, self.cls_token, self.pos_embed):
-                nn.init.trunc_normal_(p, std=std, a=-2 * std, b=2 * std)
-            nn.init.zeros_(self.patch_embed.bias)
-        if scheme.post_init is not None:
-            scheme.post_init(self)
+    def init_own(self) -> None:
+        """The ViT's own parameters after the scheme's rule: patch embedding, class token, positions."""
+        std = self.cfg.init_std
+        for p in (self.patch_embed.weight, self.cls_token, self.pos_embed):
+            nn.init.trunc_normal_(p, std=std, a=-2 * std, b=2 * std)
+        nn.init.zeros_(self.patch_embed.bias)
 
     # ------------------------------------------------------------------ pieces (used by diagnostics)
     def embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -113,33 +108,13 @@ class ViT(nn.Module):
         c, s = self.cfg.channels, self.cfg.image_size
         return torch.randn((batch, c, s, s), generator=generator)
 
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
 
 def vit_num_params(cfg: ViTConfig) -> int:
     """Parameter count of the ViT ``cfg`` describes, from a meta-device build (no memory, no init)."""
-    with torch.device("meta"):
-        return ViT(cfg).num_params()
+    return ViT.count_params(cfg)
 
 
 def build_vit(cfg: ViTConfig, device: torch.device | str | None = None) -> ViT:
-    """Build and initialise a ViT. On ``device="meta"`` the weights stay unmaterialised: call
-    ``model.to_empty(device=...)`` then ``model.reset_parameters()``."""
-    with torch.device(device or "cpu"):
-        model = ViT(cfg)
-        if str(device) != "meta":
-            model.reset_parameters()
-    return model
-
-
-def vit_with_weights(cfg: ViTConfig, state: dict[str, torch.Tensor], where: str,
-                     device: torch.device | str | None = None) -> ViT:
-    """A ViT of ``cfg`` holding exactly ``state`` (built on meta, no init pass). ``where`` names the source."""
-    with torch.device("meta"):
-        model = ViT(cfg)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    if missing or unexpected:
-        raise DepthlabError(f"{where} does not match scheme {cfg.scheme!r}: "
-                            f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
-    return model.to(device or "cpu").eval()
+    """Build and initialise a ViT (:meth:`~depthlab.model.SchemedModel.build`)."""
+    return ViT.build(cfg, device)  # type: ignore[return-value]

@@ -1,4 +1,4 @@
-"""Atomic, resumable checkpoints and the run-directory loader.
+"""The checkpoint format of a run directory: atomic writes, integrity checks, reading the newest intact one.
 
 Layout of a run directory::
 
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from depthlab.errors import DepthlabError, first_line
-from depthlab.train.integrity import first_nonfinite, sha256_file
+from depthlab.store.integrity import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -255,32 +255,3 @@ def _read_checkpoint(ckpt: Path, with_optimizer: bool) -> dict[str, Any]:
         out["optimizer"] = _load_tensors(ckpt / "optimizer.pt")
         out["rng"] = _load_tensors(ckpt / "rng.pt")
     return out
-
-
-def load_run(path: str | Path, device: str | torch.device | None = None):
-    """``(model, tokenizer, config_dict)`` from a run directory, its ``checkpoint/`` or one
-    checkpoint. The model is rebuilt with the scheme its config names; weights whose recorded scheme
-    differs from it are refused, never loaded into another architecture."""
-    from depthlab.data.tokenizers import load_tokenizer
-    from depthlab.train.family import family_named
-
-    ckpt, data = load_intact(path, with_optimizer=False)
-    config = data["config"]
-    family = family_named(config.get("family"))  # LM or ViT (runs from before families: LM)
-    model_cfg = family.config_type.from_dict(config["model"])
-    scheme = data["meta"].get("scheme")
-    if scheme != model_cfg.scheme:
-        raise DepthlabError(f"checkpoint {str(ckpt)!r} holds weights of scheme {scheme!r}, "
-                            f"but its config says {model_cfg.scheme!r}; refusing to load")
-    bad = first_nonfinite(("weights", data["model"]))
-    if bad is not None:
-        raise DepthlabError(f"checkpoint {str(ckpt)!r} holds NaN/inf weights ({bad}); refusing to use it")
-    model = family.with_weights(model_cfg, data["model"], f"checkpoint {str(ckpt)!r}", device)
-    tokenizer = None
-    for tdir in (ckpt.parent.parent / "tokenizer", ckpt / "tokenizer"):
-        if tdir.is_dir():
-            tokenizer = load_tokenizer(tdir)
-            break
-    if tokenizer is None and config.get("tokenizer") is not None:
-        log.warning("no tokenizer/ found beside %s", ckpt)
-    return model, tokenizer, config

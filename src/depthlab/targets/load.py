@@ -12,8 +12,9 @@
                                 checkpoint trained with LayerNorm Scaling gets its LNS restored
     org/name                    a Hugging Face hub id (needs the network)
 
-HF models are analysed as transformers runs them (not converted): the capture hooks read their
-layers and the replay lets their own forward compute masks, rotary tables and the head.
+Run directories are read by :mod:`depthlab.targets.runs`. HF models are analysed as transformers runs
+them (not converted): the capture hooks read their layers and the replay lets their own forward compute
+masks, rotary tables and the head.
 """
 
 from __future__ import annotations
@@ -21,16 +22,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from depthlab.diagnostics.capture import ResidualCapture, find_layers
 from depthlab.errors import DepthlabError, first_line
+from depthlab.targets.layers import find_layers
+from depthlab.targets.target import Target
 
 log = logging.getLogger(__name__)
 
@@ -41,38 +41,6 @@ SHORT_NAMES = {
 }
 TARGET_FORMS = "a depthlab run dir or checkpoint, preset:NAME, an HF model dir, a .gguf file, a hub id (org/name), " \
                + ", ".join(SHORT_NAMES)
-
-
-@dataclass
-class Target:
-    """A model ready for the diagnostics."""
-
-    model: nn.Module
-    name: str  # what the user named
-    kind: str  # "depthlab" | "depthlab-vit" | "hf-causal-lm" | "hf-encoder"
-    tokenizer: Any  # depthlab.data.Tokenizer (encode, eos_id, pad_id) or None
-    info: dict[str, Any] = field(default_factory=dict)  # shape and provenance for the report
-    max_seq_len: int | None = None  # longest input the model accepts (None: unbounded)
-    batches_for: Callable[[Any], Any] | None = None  # opts -> its own held-out batches (ViT runs: images)
-
-    @property
-    def causal(self) -> bool:
-        return self.kind != "hf-encoder"
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    def forward_fn(self) -> Callable[[torch.Tensor], torch.Tensor | None]:
-        model = self.model
-        if self.kind in ("depthlab", "depthlab-vit"):
-            return lambda ids: model(ids).logits
-        if self.kind == "hf-causal-lm":
-            return lambda ids: model(input_ids=ids, use_cache=False).logits
-        return lambda ids: (model(input_ids=ids, attention_mask=torch.ones_like(ids)), None)[1]
-
-    def capture(self) -> ResidualCapture:
-        return ResidualCapture(self.model, find_layers(self.model), self.forward_fn())
 
 
 # ---------------------------------------------------------------------- helpers
@@ -207,8 +175,9 @@ def _short(name: str, dtype: torch.dtype) -> Target:
 
 
 def _preset(name: str, scheme: str) -> Target:
-    from depthlab import build_model, from_preset
+    from depthlab.configure import from_preset
     from depthlab.data.tokenizers import ByteTokenizer
+    from depthlab.model import build_model
 
     cfg = from_preset(name.split(":", 1)[1], scheme=scheme)
     model = build_model(cfg)
@@ -225,20 +194,9 @@ def _local(path: Path, name: str, dtype: torch.dtype) -> Target:
         return Target(model, name, "hf-causal-lm", _hf_tokenizer(str(path.parent), gguf_file=path.name),
                       _hf_info(model, str(path)), getattr(model.config, "max_position_embeddings", None))
     if path.is_dir() and _is_run_path(path):
-        from depthlab.train import load_run
+        from depthlab.targets.runs import run_target
 
-        model, tokenizer, config = load_run(path)
-        if config.get("family") == "vit":
-            from depthlab.diagnostics.images import vit_run_parts
-
-            info, batches = vit_run_parts(path, model, config)
-            return Target(model, name, "depthlab-vit", None, info, model.cfg.seq_len, batches_for=batches)
-        cfg = model.cfg
-        info = {"source": f"depthlab run {path}", "architecture": "depthlab.DecoderLM", "scheme": cfg.scheme,
-                "scheme_options": cfg.scheme_options, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
-                "n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads, "d_ff": cfg.d_ff, "vocab_size": cfg.vocab_size,
-                "n_params": model.num_params(), "config": cfg.to_dict(), "train": config.get("train")}
-        return Target(model, name, "depthlab", tokenizer, info, cfg.max_seq_len)  # the context it was trained for
+        return run_target(path, name)
     if path.is_dir() and (path / "config.json").is_file():
         if _is_encoder_dir(path):
             model = _encoder(str(path), dtype)

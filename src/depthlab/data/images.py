@@ -14,6 +14,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from depthlab.data.batches import SeededOrder
 from depthlab.errors import DepthlabError, first_line
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -30,7 +31,7 @@ class ImageData:
     classes: list[str]
     mean: torch.Tensor  # (C,)
     std: torch.Tensor  # (C,)
-    augment: bool = True  # augment training batches (``batches``); see ``load_images``
+    augment: bool = True  # augment training batches (``TrainImages``); see ``load_images``
 
     @property
     def num_classes(self) -> int:
@@ -39,19 +40,6 @@ class ImageData:
     @property
     def shape(self) -> tuple[int, int, int]:
         return tuple(self.train_x.shape[1:])  # type: ignore[return-value]
-
-    def batches(self, batch_size: int, seed: int = 0,
-                augment: bool | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Endless shuffled training batches (epoch after epoch); augmented as ``augment`` (None: ``self.augment``)."""
-        augment = self.augment if augment is None else augment
-        gen = torch.Generator().manual_seed(seed)
-        n = len(self.train_y)
-        while True:
-            order = torch.randperm(n, generator=gen)
-            for i in range(0, n - batch_size + 1 if n >= batch_size else 1, batch_size):
-                idx = order[i:i + batch_size]
-                x = self.train_x[idx]
-                yield (augment_batch(x, gen) if augment else x), self.train_y[idx]
 
 
 def augment_batch(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -185,3 +173,58 @@ def load_images(spec: str, image_size: int = 8, channels: int = 1, test_fraction
     else:
         raise DepthlabError(f"unknown image data {spec!r}: use 'digits', a folder of class sub-folders, or hf:NAME")
     return _finish(x, y, classes, test_fraction, seed, image_size >= 16 if augment is None else augment)
+
+
+# ---------------------------------------------------------------------- a run's images
+#: Seed of the train / held-out split of every ViT run (the run seed fixes init, order and augmentation):
+#: the held-out images are the same for every seed of a comparison, and ``diagnose`` rebuilds them.
+SPLIT_SEED = 0
+HELD_OUT_FRACTION = 0.2
+
+
+def load_run_images(data_spec: str, image_size: int, channels: int, num_classes: int) -> ImageData:
+    """A ViT run's ``ImageData``: normalised, split by :data:`SPLIT_SEED`, checked against the model's classes."""
+    data = load_images(data_spec, image_size, channels, HELD_OUT_FRACTION, SPLIT_SEED)
+    if data.num_classes > num_classes:
+        raise DepthlabError(f"{data_spec!r} has {data.num_classes} classes but the model has num_classes="
+                            f"{num_classes}; pass --set num_classes={data.num_classes}")
+    return data
+
+
+class TrainImages:
+    """Training images as a function of the step: ``rank_batch(step, B, rank, world) -> (pixels, labels)``.
+
+    Global image ``g`` of the run is image ``SeededOrder(N, seed).ids(g)`` (a fresh seeded permutation per
+    epoch, as for token sequences), so a resumed run reads exactly the images it would have; the augmentation
+    of a step is seeded by (seed, step, rank)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, seed: int, augment: bool) -> None:
+        self.x, self.y, self.seed, self.augment = x, y, seed, augment
+        self.order = SeededOrder(len(y), seed)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def rank_batch(self, step: int, batch_size: int, rank: int = 0, world_size: int = 1
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        per = batch_size // world_size
+        idx = torch.from_numpy(self.order.ids(step * batch_size + rank * per, per))
+        x = self.x[idx]
+        if self.augment:
+            x = augment_batch(x, torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * step + rank))
+        return x, self.y[idx]
+
+
+class HeldOutImages:
+    """(pixels, labels) batches of the first ``n`` held-out images, in the shape the diagnostics stream
+    (``seq_len`` tokens per image: the class token and the patches)."""
+
+    def __init__(self, data: ImageData, n: int, seq_len: int, batch_size: int, device: torch.device) -> None:
+        self.x, self.y = data.test_x[:n], data.test_y[:n]
+        self.seq_len, self.batch_size, self.device, self.split = seq_len, batch_size, device, "held-out images"
+        self.requested = len(self.y) * seq_len
+        self.short = False  # fewer held-out images than asked for is normal: all of them are used
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i in range(0, len(self.y), self.batch_size):
+            yield self.x[i:i + self.batch_size].to(self.device), self.y[i:i + self.batch_size].to(self.device)

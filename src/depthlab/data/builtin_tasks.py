@@ -28,7 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 from depthlab.data.corpora import BUILTIN_VAL_BOOKS, builtin_path
-from depthlab.evaluate.tasks import Task, parse_rows
+from depthlab.data.tasks import Task, parse_rows
 
 BUILTIN_TASKS = ("builtin-mc",)
 MIN_WORDS = 10
@@ -112,7 +112,7 @@ def builtin_task(name: str, limit: int | None = None) -> Task:
 def builtin_sft_records(n: int = SFT_RECORDS, seed: int = SEED) -> list[dict[str, Any]]:
     """``builtin-sft``: Alpaca records (``instruction``, ``input``, ``output``, ``citation``) from
     the training books only."""
-    from depthlab.evaluate.tasks import FORMATS
+    from depthlab.data.tasks import FORMATS
 
     pool = verses("train")
     rng = random.Random(seed)

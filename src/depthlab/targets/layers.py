@@ -1,0 +1,42 @@
+"""Where a model keeps its residual blocks: ``find_layers(model)`` for depthlab and Hugging Face models.
+
+    layers = find_layers(model)     # the nn.ModuleList of blocks, in order; DepthlabError when there is none
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from depthlab.errors import DepthlabError
+from depthlab.model import SchemedModel
+
+#: Where HF models keep their layer list, relative to ``model.base_model`` (tried in order).
+LAYER_PATHS: tuple[str, ...] = ("layers", "h", "blocks", "encoder.layer", "decoder.layers", "transformer.h",
+                                "model.layers", "layer")
+
+
+def _get_path(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def find_layers(model: nn.Module) -> nn.ModuleList:
+    """The ordered residual blocks of a depthlab ``DecoderLM`` or ``ViT``, or of a Hugging Face model."""
+    if isinstance(model, SchemedModel):
+        return model.blocks
+    for root in (getattr(model, "base_model", None), model):
+        if root is None:
+            continue
+        for path in LAYER_PATHS:
+            layers = _get_path(root, path)
+            if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+                return layers
+    raise DepthlabError(
+        f"cannot find the layer list of {type(model).__name__}: the diagnostics need a model whose blocks sit in "
+        f"a ModuleList at one of: {', '.join(LAYER_PATHS)} (depthlab models, HF Llama/Mistral/Qwen/GPT-2/BERT-style)"
+    )
