@@ -4,10 +4,10 @@
     python scripts/check_import_cycles.py            # src/depthlab: module cycles, package cycles, layers
     python scripts/check_import_cycles.py --draw     # the layer picture docs/architecture.md shows
 
-Three checks: no cycle among modules; no cycle among packages (``depthlab.train.*`` is one package,
-``depthlab.config`` another); and every import goes to a package of the same or a lower layer of
+Four checks: no cycle among modules; no cycle among packages (``depthlab.train.*`` is one package,
+``depthlab.config`` another); every import goes to a package of the same or a lower layer of
 :data:`LAYERS`, so that the layer picture in docs/architecture.md is the code's (a package missing
-from :data:`LAYERS` is an error too).
+from :data:`LAYERS` is an error too); and no ``_private`` name is imported from another package.
 
 Every ``import depthlab.x`` / ``from depthlab.x import y`` / relative import of a module counts,
 module-level or inside a function (a late import only hides a circle), except those under
@@ -148,7 +148,7 @@ def _shortest_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
 
 #: The layers of depthlab, lowest first: a package may import from its own layer and those below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("depthlab", "_lazy", "errors", "presets", "metrics", "provenance", "progress", "htmlpage")),
+    ("foundation", ("depthlab", "_lazy", "errors", "presets", "metrics", "provenance", "progress", "htmlpage", "jsonio")),
     ("modules", ("nn",)),
     ("configs and the scheme registry", ("config", "schemes")),
     ("configure", ("configure",)),
@@ -201,6 +201,19 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+def private_imports(root: Path = ROOT) -> list[str]:
+    """``from depthlab.x import _name`` in a module of another package than ``x``, one line each."""
+    bad = []
+    for module, path in module_names(root).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("depthlab")):
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if private and package_of(node.module) != package_of(module):
+                bad.append(f"PRIVATE: {module} imports {', '.join(private)} from {node.module}")
+    return bad
+
+
 def draw(graph: dict[str, set[str]]) -> str:
     """The layer picture, top layer first: each package with the lower packages it imports."""
     pkgs = package_graph(graph)
@@ -224,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     bad = ["CYCLE: " + " -> ".join(c) for c in cycles(graph)]
     bad += ["PACKAGE CYCLE: " + " -> ".join(c) for c in cycles(package_graph(graph))]
-    bad += layer_violations(graph)
+    bad += layer_violations(graph) + private_imports(args.root)
     print("\n".join(bad) or f"no import cycles, no package cycles, every import points down {len(LAYERS)} layers")
     return 1 if bad else 0
 

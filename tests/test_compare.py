@@ -1,5 +1,6 @@
 """depthlab compare / demo: files, numbers traceable to each run, identical data, resume, bad input."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -139,7 +140,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
 def test_runs_side_by_side_give_the_same_numbers(finished, tmp_path):
     """jobs=2 trains the runs in parallel worker processes (one thread each): same table."""
     _, result, _ = finished
-    parallel = compare(small_config(), tmp_path / "par", quiet=True, jobs=2)
+    parallel = compare(dataclasses.replace(small_config(), jobs=2), tmp_path / "par", quiet=True)
     for a, b in zip(result["runs"], parallel["runs"]):
         assert a["scheme"] == b["scheme"] and a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-6)
         assert a["deep_angular"] == pytest.approx(b["deep_angular"], rel=1e-5)

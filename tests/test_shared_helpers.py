@@ -71,3 +71,24 @@ def test_no_import_cycles():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_import_cycles.py")], check=False, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_layer_check_catches_package_cycles_and_upward_imports():
+    """Each check of scripts/check_import_cycles.py fails on a graph that breaks it (so a passing CI run means
+    something): two packages importing each other with no file cycle, an import up the layers, an unknown package."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import check_import_cycles as C
+    finally:
+        sys.path.pop(0)
+    clean = {"depthlab.train.loop": {"depthlab.diagnostics.tracking"}, "depthlab.diagnostics.tracking": {"depthlab.nn.norms"},
+             "depthlab.nn.norms": set()}
+    assert not C.cycles(C.package_graph(clean)) and not C.layer_violations(clean)
+    crossed = {"depthlab.train.loop": {"depthlab.diagnostics.tracking"}, "depthlab.diagnostics.tracking": set(),
+               "depthlab.diagnostics.targets": {"depthlab.train.checkpoint"}, "depthlab.train.checkpoint": set()}
+    assert not C.cycles(crossed)  # no single file is in a cycle ...
+    assert C.cycles(C.package_graph(crossed)) == [["diagnostics", "train", "diagnostics"]]  # ... the packages are
+    assert any(v.startswith("UPWARD: depthlab.diagnostics.targets") for v in C.layer_violations(crossed))
+    assert "in no layer" in C.layer_violations({"depthlab.newpkg.x": set()})[0]
+    picture = C.draw(C.import_graph())
+    assert picture.index(" cli ") < picture.index(" train ") < picture.index(" config ")  # top layer first

@@ -121,7 +121,7 @@ def main() -> None:
     from depthlab.diagnostics import load_target
     from depthlab.diagnostics.capture import capture_of
     from depthlab.prune import PruneOptions, survey_model
-    from depthlab.prune.pipeline import _held_out
+    from depthlab.prune.pipeline import held_out_batches
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     args = parse()
@@ -129,7 +129,7 @@ def main() -> None:
     torch.manual_seed(0)
     t0 = time.time()
     target = load_target("smollm2")
-    held_out = list(_held_out(target, PruneOptions(tokens=2 * args.tokens, seq_len=args.seq_len,
+    held_out = list(held_out_batches(target, PruneOptions(tokens=2 * args.tokens, seq_len=args.seq_len,
                                                    batch_size=args.batch_size)))
     if len(held_out) < 2:
         raise SystemExit("--tokens too small for two halves: give --tokens >= --batch-size x --seq-len")

@@ -1,6 +1,6 @@
 """Lazy package exports (PEP 562): ``import depthlab`` and ``import depthlab.x`` stay light.
 
-    __getattr__ = lazy_exports(__name__, {"Name": "depthlab.module.defining.it", ...})
+    __getattr__ = lazy_exports(__name__, {"Name": "depthlab.module.defining.it", "Alias": "depthlab.mod:name"})
 
 A package's public names are listed in its ``__init__`` as usual, but the module defining each is imported
 on first use, so importing a package (or one of its light submodules, such as a dataclass of options the
@@ -20,8 +20,9 @@ def lazy_exports(package: str, names: dict[str, str]) -> Callable[[str], Any]:
 
     def __getattr__(attr: str) -> Any:
         if attr in names:
-            module = importlib.import_module(names[attr])
-            return module if module.__name__ == f"{package}.{attr}" else getattr(module, attr)
+            where, _, name = names[attr].partition(":")
+            module = importlib.import_module(where)
+            return module if module.__name__ == f"{package}.{attr}" else getattr(module, name or attr)
         try:
             return importlib.import_module(f"{package}.{attr}")
         except ModuleNotFoundError as err:

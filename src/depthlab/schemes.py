@@ -17,18 +17,13 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-from torch import nn
-
+from depthlab import nn as N  # a lazy package: its modules (and torch) load when the first block is built
 from depthlab.errors import ConfigError, choices
-from depthlab.nn.attention import Attention
-from depthlab.nn.blocks import PostNormBlock, PreNormBlock
-from depthlab.nn.dyt import DyT
 from depthlab.nn.init import InitRule, deepnorm_beta, init_deepnorm, init_depth_scaled, init_normal, init_scaled
-from depthlab.nn.mlp import SwiGLU
-from depthlab.nn.norms import ChannelGain, GroupRMSNorm, RMSNorm, ScalarGain, Scale
 
-if TYPE_CHECKING:  # a type only: the config module knows nothing of schemes, and needs not
+if TYPE_CHECKING:  # types only: the config module knows nothing of schemes; torch loads when a model is built
+    from torch import nn
+
     from depthlab.config import ModelConfig
 
 __all__ = [
@@ -88,7 +83,7 @@ def number(name: str, default: float | int | None, help: str, *, lo: float, hi: 
 
 
 # ============================================================================ the scheme
-BlockFactory = Callable[["Parts", dict[str, Any], int], nn.Module]  # (parts, options, l) -> block
+BlockFactory = Callable[["Parts", dict[str, Any], int], "nn.Module"]  # (parts, options, l) -> block
 
 
 @dataclass(frozen=True)
@@ -99,9 +94,9 @@ class Scheme:
     build_block: BlockFactory  # (parts, resolved options, l) -> block; l is the 1-based depth
     init: InitRule = init_normal  # (model) -> None, run under no_grad on a fresh model
     options: tuple[Option, ...] = ()
-    build_final_norm: Callable[["Parts", dict[str, Any]], nn.Module] | None = None  # None: the family's norm
-    build_embed_norm: Callable[["Parts", dict[str, Any]], nn.Module] | None = None  # None: no norm
-    post_init: Callable[[nn.Module], None] | None = None  # e.g. Admin's profiling pass, after ``init``
+    build_final_norm: Callable[["Parts", dict[str, Any]], "nn.Module"] | None = None  # None: the family's norm
+    build_embed_norm: Callable[["Parts", dict[str, Any]], "nn.Module"] | None = None  # None: no norm
+    post_init: Callable[["nn.Module"], None] | None = None  # e.g. Admin's profiling pass, after ``init``
     check: Callable[["ModelConfig", dict[str, Any]], str | None] | None = None  # options vs shapes: error or None
     extras: dict[str, Any] = field(default_factory=dict)  # free-form facts for docs (e.g. {"lns": True})
 
@@ -136,17 +131,17 @@ class Scheme:
         return opts
 
     # ------------------------------------------------------------------ building
-    def block(self, parts: "Parts", options: dict[str, Any], layer: int) -> nn.Module:
+    def block(self, parts: "Parts", options: dict[str, Any], layer: int) -> "nn.Module":
         """Block ``layer`` (1-based depth) made of ``parts``, with resolved ``options``."""
         return self.build_block(parts, options, layer)
 
-    def final_norm(self, parts: "Parts", options: dict[str, Any]) -> nn.Module:
+    def final_norm(self, parts: "Parts", options: dict[str, Any]) -> "nn.Module":
         """The norm before the head: the family's norm (never scaled by LNS) unless the scheme says."""
         return parts.norm() if self.build_final_norm is None else self.build_final_norm(parts, options)
 
-    def embed_norm(self, parts: "Parts", options: dict[str, Any]) -> nn.Module:
+    def embed_norm(self, parts: "Parts", options: dict[str, Any]) -> "nn.Module":
         """What the embedding output passes through before block 1 (``nn.Identity``: nothing)."""
-        return nn.Identity() if self.build_embed_norm is None else self.build_embed_norm(parts, options)
+        return N.Identity() if self.build_embed_norm is None else self.build_embed_norm(parts, options)
 
     def describe(self) -> str:
         """One paragraph for help texts: the summary, the source and the options."""
@@ -181,29 +176,29 @@ class Parts:
 
     d_model: int
     n_layers: int
-    attention: Callable[[], nn.Module]  # a fresh attention branch, called as attn(x, rope)
-    ffn: Callable[[], nn.Module]  # a fresh feed-forward branch
-    norm: Callable[..., nn.Module]  # norm(scale=1.0): a fresh norm whose output is multiplied by scale
-    group_norm: Callable[[int], nn.Module]  # group_norm(groups): normalises channel groups separately
+    attention: Callable[[], "nn.Module"]  # a fresh attention branch, called as attn(x, rope)
+    ffn: Callable[[], "nn.Module"]  # a fresh feed-forward branch
+    norm: Callable[..., "nn.Module"]  # norm(scale=1.0): a fresh norm whose output is multiplied by scale
+    group_norm: Callable[[int], "nn.Module"]  # group_norm(groups): normalises channel groups separately
 
 
 def decoder_parts(cfg: "ModelConfig") -> Parts:
     """The LLaMA decoder's parts: RMSNorm, causal RoPE attention (QK-norm optional), SwiGLU."""
-    def attention() -> Attention:
-        qk = (lambda: RMSNorm(cfg.dim_head, cfg.norm_eps)) if cfg.qk_norm else (lambda: None)
-        return Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.qkv_bias, qk(), qk())
+    def attention() -> "nn.Module":
+        qk = (lambda: N.RMSNorm(cfg.dim_head, cfg.norm_eps)) if cfg.qk_norm else (lambda: None)
+        return N.Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.qkv_bias, qk(), qk())
 
-    return Parts(cfg.d_model, cfg.n_layers, attention, lambda: SwiGLU(cfg.d_model, cfg.d_ff),
-                 lambda scale=1.0: RMSNorm(cfg.d_model, cfg.norm_eps, scale=scale),
-                 lambda groups: GroupRMSNorm(cfg.d_model, groups, cfg.norm_eps))
-
-
-def _pre_block(p: Parts, layer: int, norm: Callable[[], nn.Module] | None = None, **slots) -> PreNormBlock:
-    return PreNormBlock(layer, p.attention(), p.ffn(), norm or p.norm, **slots)
+    return Parts(cfg.d_model, cfg.n_layers, attention, lambda: N.SwiGLU(cfg.d_model, cfg.d_ff),
+                 lambda scale=1.0: N.RMSNorm(cfg.d_model, cfg.norm_eps, scale=scale),
+                 lambda groups: N.GroupRMSNorm(cfg.d_model, groups, cfg.norm_eps))
 
 
-def _post_block(p: Parts, layer: int, **slots) -> PostNormBlock:
-    return PostNormBlock(layer, p.attention(), p.ffn(), p.norm, **slots)
+def _pre_block(p: Parts, layer: int, norm: Callable[[], "nn.Module"] | None = None, **slots) -> "nn.Module":
+    return N.PreNormBlock(layer, p.attention(), p.ffn(), norm or p.norm, **slots)
+
+
+def _post_block(p: Parts, layer: int, **slots) -> "nn.Module":
+    return N.PostNormBlock(layer, p.attention(), p.ffn(), p.norm, **slots)
 
 
 # ============================================================================ the schemes
@@ -212,7 +207,7 @@ def _pre(p, opts, layer):
 
 
 #: LNS insertion positions (paper Table 8, docs/paper.md §1.4) -> the PreNormBlock slots that carry
-#: 1/sqrt(l): a ``*_norm`` slot gets ``RMSNorm(scale=1/sqrt(l))``, any other slot ``Scale(1/sqrt(l))``.
+#: 1/sqrt(l): a ``*_norm`` slot gets ``RMSNorm(scale=1/sqrt(l))``, any other slot ``N.Scale(1/sqrt(l))``.
 LNS_SLOTS: dict[str, tuple[str, ...]] = {
     "after-norm": ("attn_norm", "ffn_norm"),  # the method
     "before-norm": ("attn_prescale", "ffn_prescale"),
@@ -228,7 +223,7 @@ LNS_POSITION = choice("position", tuple(LNS_SLOTS), "after-norm", "where 1/sqrt(
 
 def _lns(p, opts, layer):
     s = lns_scale(layer)
-    slots = {slot: p.norm(scale=s) if slot.endswith("_norm") else Scale(s) for slot in LNS_SLOTS[opts["position"]]}
+    slots = {slot: p.norm(scale=s) if slot.endswith("_norm") else N.Scale(s) for slot in LNS_SLOTS[opts["position"]]}
     return _pre_block(p, layer, **slots)
 
 
@@ -243,7 +238,7 @@ def _mix(p, opts, layer):
 
 def _deepnorm(p, opts, layer):
     a = deepnorm_alpha(p.n_layers)
-    return _post_block(p, layer, attn_resid=Scale(a), ffn_resid=Scale(a))
+    return _post_block(p, layer, attn_resid=N.Scale(a), ffn_resid=N.Scale(a))
 
 
 def _sandwich(p, opts, layer):
@@ -252,7 +247,7 @@ def _sandwich(p, opts, layer):
 
 def _admin(p, opts, layer):
     # omega starts at 1 and is set by admin_profile() from a forward pass at init.
-    return _post_block(p, layer, attn_resid=ChannelGain(p.d_model, 1.0), ffn_resid=ChannelGain(p.d_model, 1.0))
+    return _post_block(p, layer, attn_resid=N.ChannelGain(p.d_model, 1.0), ffn_resid=N.ChannelGain(p.d_model, 1.0))
 
 
 def _group_ln(p, opts, layer):
@@ -261,12 +256,12 @@ def _group_ln(p, opts, layer):
 
 def _skipinit(p, opts, layer):
     g = 1.0 / math.sqrt(p.n_layers)
-    return _pre_block(p, layer, attn_out=ScalarGain(g), ffn_out=ScalarGain(g))
+    return _pre_block(p, layer, attn_out=N.ScalarGain(g), ffn_out=N.ScalarGain(g))
 
 
 def _layerscale(p, opts, layer):
     eps = layerscale_eps(p.n_layers, opts["init"])
-    return _pre_block(p, layer, attn_out=ChannelGain(p.d_model, eps), ffn_out=ChannelGain(p.d_model, eps))
+    return _pre_block(p, layer, attn_out=N.ChannelGain(p.d_model, eps), ffn_out=N.ChannelGain(p.d_model, eps))
 
 
 def _peri_ln(p, opts, layer):
@@ -274,15 +269,14 @@ def _peri_ln(p, opts, layer):
 
 
 def _dyt(p, opts, layer):
-    return _pre_block(p, layer, norm=lambda: DyT(p.d_model, opts["alpha_init"]))
+    return _pre_block(p, layer, norm=lambda: N.DyT(p.d_model, opts["alpha_init"]))
 
 
 def _dyt_final(p, opts):
-    return DyT(p.d_model, opts["alpha_init"])
+    return N.DyT(p.d_model, opts["alpha_init"])
 
 
-@torch.no_grad()
-def admin_profile(model: nn.Module) -> None:
+def admin_profile(model: "nn.Module") -> None:
     """Admin (Liu et al. 2020): set omega_i^2 = sum_{j<i} Var f_j from one profiling forward pass.
 
     Branches are numbered in execution order (attn_1, ffn_1, attn_2, ...); f_0 is the unit-variance
@@ -290,13 +284,16 @@ def admin_profile(model: nn.Module) -> None:
     (``model.profile_input(batch, generator)``: token ids for a decoder, pixels for a ViT); the omegas
     stay learnable.
     """
+    import torch
+
     variances: list[float] = []
     branches = [m for block in model.blocks for m in (block.attn, block.ffn)]
     hooks = [b.register_forward_hook(lambda _m, _i, out: variances.append(out.float().var().item())) for b in branches]
     try:
         gen = torch.Generator().manual_seed(0)
         inputs = model.profile_input(4, gen)
-        model(inputs.to(next(model.parameters()).device))
+        with torch.no_grad():
+            model(inputs.to(next(model.parameters()).device))
     finally:
         for h in hooks:
             h.remove()

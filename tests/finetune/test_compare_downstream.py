@@ -7,7 +7,8 @@ import json
 import pytest
 
 from depthlab.compare import CompareConfig, compare
-from depthlab.compare.downstream import Downstream, downstream_table
+from depthlab.compare.config import Downstream
+from depthlab.compare.downstream import downstream_table
 from depthlab.diagnostics import DiagnoseOptions
 from depthlab.errors import DepthlabError
 from depthlab.train import TrainConfig

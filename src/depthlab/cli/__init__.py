@@ -21,6 +21,7 @@ import pkgutil
 import sys
 import warnings
 
+from depthlab.cli._options import apply_config_file
 from depthlab.cli._outputs import OutputGuard
 from depthlab.errors import DepthlabError, first_line
 
@@ -31,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import depthlab
+    import depthlab  # light: its names load on first use
 
     parser = _Parser(
         prog="depthlab",
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_third_parties()
     guard = None
     try:
+        apply_config_file(args)  # --config FILE: what the command line left unset
         guard = OutputGuard.for_args(args)
         code = args.func(args)
     except KeyboardInterrupt:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+from typing import Any
 
 
 def _value(text: str):
@@ -13,7 +15,7 @@ def _value(text: str):
 
 
 def parse_overrides(pairs: list[str] | None) -> dict:
-    """``--set KEY=VALUE`` pairs -> ModelConfig overrides (values parsed as JSON when they are)."""
+    """``--set KEY=VALUE`` pairs -> config overrides (values parsed as JSON when they are)."""
     from depthlab.errors import ConfigError
 
     out = {}
@@ -25,11 +27,49 @@ def parse_overrides(pairs: list[str] | None) -> dict:
     return out
 
 
+def model_flags(p: argparse.ArgumentParser, scheme_help: str, preset_help: str | None = None) -> None:
+    """``--preset``, ``--scheme``, ``--set``: the model a command builds (a config file's ``model:`` section too)."""
+    m = p.add_argument_group("model")
+    m.add_argument("--preset", help=preset_help or "model preset (default tiny): an LM preset (depthlab.PRESETS) or a "
+                   "ViT preset (vit-tiny, vit-s; then --data digits | IMAGE_DIR | hf:NAME)")
+    m.add_argument("--scheme", help=scheme_help)
+    m.add_argument("--set", action="append", metavar="KEY=VALUE", dest="model_set",
+                   help="override a model config field or a scheme option, e.g. --set n_layers=8 (repeatable)")
+    p.set_defaults(accepts_model_section=True, model_section=None, config_family=None)
+
+
+def model_from_args(args: argparse.Namespace, base: Any = None) -> Any:
+    """The model config the arguments describe: ``--preset`` (else the config file's ``model:`` section, whose
+    ``name`` may be a preset; else ``base``; else ``tiny``), then the section's fields and scheme options, then
+    ``--scheme`` and ``--set``. A run's saved ``model`` section rebuilds exactly that model."""
+    from depthlab.configure import ALL_PRESETS, configure, from_preset
+    from depthlab.families import family_named
+
+    section = dict(args.model_section or {})
+    if args.preset:
+        cfg = from_preset(args.preset)
+        section.pop("name", None)
+    elif base is not None:
+        cfg = base
+    elif section.get("name") in ALL_PRESETS:
+        cfg = from_preset(section["name"])
+    elif section:
+        cfg = family_named(args.config_family).config_type()
+    else:
+        cfg = from_preset("tiny")
+    if args.scheme:
+        section.pop("scheme_options", None)  # the file's options belong to the file's scheme
+        section["scheme"] = args.scheme  # before --set, so that --set can name the scheme's options
+    overrides = {**section, **parse_overrides(args.model_set)}
+    return configure(cfg, **overrides) if overrides else cfg
+
+
 def scheme_help() -> str:
     """The ``--scheme`` help: the registry's names and its baseline (generated, never hand-kept)."""
     from depthlab.schemes import BASELINE_SCHEME, SCHEMES
 
-    return f"normalization scheme (default {BASELINE_SCHEME}): {', '.join(SCHEMES)}; see 'schemes' below"
+    return (f"normalization scheme (default {BASELINE_SCHEME}), or a variant NAME:KEY=VALUE: {', '.join(SCHEMES)}; "
+            "see 'schemes' below")
 
 
 def schemes_epilog() -> str:
@@ -37,7 +77,7 @@ def schemes_epilog() -> str:
     from depthlab.schemes import SCHEMES
 
     width = max(map(len, SCHEMES))
-    lines = ["schemes (options with --set NAME=VALUE):"]
+    lines = ["schemes (options with --set NAME=VALUE or --scheme NAME:KEY=VALUE):"]
     for s in SCHEMES.values():
         opts = ", ".join(f"{o.name}={o.default}" for o in s.options)
         lines.append(f"  {s.name:<{width}}  {s.summary}" + (f"  [{opts}]" if opts else ""))

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 
 from depthlab.cli._args import schemes_epilog
-from depthlab.cli._downstream import add_downstream_arguments, downstream_from_args
+from depthlab.cli._options import Section, add_config_flag
+from depthlab.compare.config import CompareConfig, Downstream
+from depthlab.diagnostics.options import DiagnoseOptions
+from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, TrainConfig
 
 USAGE = """\
 examples:
@@ -14,8 +17,9 @@ examples:
   depthlab compare --schemes pre,lns --seeds 0,1,2 --set n_layers=24 --out cmp/deep
   depthlab compare --schemes pre,lns --preset tiny --steps 300 --finetune builtin-sft --eval builtin-mc --out cmp/sft
   depthlab compare --schemes lns,lns:position=after-branch,lns:position=before-norm --out cmp/positions
-  depthlab compare --preset vit-tiny --data digits --schemes pre,layerscale,lns:position=after-branch,lns \
+  depthlab compare --preset vit-tiny --data digits --schemes pre,layerscale,lns:position=after-branch,lns \\
       --steps 600 --out cmp/vit           # ViTs: held-out top-1 accuracy instead of perplexity
+  depthlab compare --config compare.yaml --out cmp/x     # any option below from a YAML/JSON file
 
 Every scheme gets the same seed, data order, token budget and hyper-parameters. Writes summary.json,
 summary.md (the paper's Table 1 shape), figures and report.html in --out; runs/<scheme>-seed<k>/ holds
@@ -24,74 +28,63 @@ each run with its diagnostics. Run the same command again to resume an interrupt
 (summary.md gains the paper's Table 2 shape: accuracy per task, average, Δ vs the baseline).
 """
 
+#: The flags, each derived from a field of the settings (``depthlab.cli._options``).
+COMPARE = Section("compare", CompareConfig, include=("schemes", "preset", "seeds", "jobs"), title="comparison",
+                  helps={"schemes": "comma-separated scheme variants NAME[:KEY=VALUE...], e.g. pre,lns,"
+                                    "lns:position=after-branch (required)",
+                         "preset": "model preset of every run (default tiny): an LM preset or vit-tiny / vit-s",
+                         "seeds": "comma-separated seeds, one run per scheme and seed (default 0)"})
+TRAIN = Section("train", TrainConfig, exclude=("seed",), title="training (every run)",
+                choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES},
+                helps={"data": "training data (default builtin: the King James Bible; ViT presets: digits, or a folder "
+                               "of class sub-folders, or hf:NAME)"})
+DIAGNOSE = Section("diagnose", DiagnoseOptions, prefix="diag-", exclude=("progress",), rename={"jacobian": "jacobian"},
+                   title="diagnosis (every run)", helps={"tokens": "held-out tokens for the diagnostics (default 16384)"})
+DOWNSTREAM = Section("downstream", Downstream, prefix="finetune-", title="downstream (paper Table 2): fine-tune each "
+                     "run, then evaluate it", rename={"finetune": "finetune", "tasks": "eval", "limit": "eval-limit",
+                                                      "eval_batch_size": "task-batch-size"})
 
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
 
-
-def _seeds(text: str) -> list[int]:
-    from depthlab.errors import DepthlabError
-
-    try:
-        return [int(t) for t in _csv(text)]
-    except ValueError:
-        raise DepthlabError(f"--seeds expects comma-separated integers, got {text!r}") from None
-
-
-def add_shared_arguments(p: argparse.ArgumentParser, steps: int | None = None, eval_tokens: int | None = None,
-                         diag_tokens: int = 16384, jobs: int = 1) -> None:
-    """Flags shared by ``compare`` and ``demo`` (which passes its own defaults)."""
-    p.add_argument("--data", help="training data (default builtin: the King James Bible; ViT presets: digits, "
-                   "or a folder of class sub-folders, or hf:NAME)")
-    p.add_argument("--tokenizer", help="bytes | bpe:N | hf:NAME (default bpe:4096)")
-    p.add_argument("--steps", type=int, default=steps,
-                   help=f"optimizer steps per run (default: {steps or 'the preset' + chr(39) + 's'})")
-    p.add_argument("--seq-len", type=int, help="tokens per sequence")
-    p.add_argument("--batch-size", type=int, help="global batch in sequences")
-    p.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
-    p.add_argument("--eval-tokens", type=int, default=eval_tokens,
-                   help="held-out tokens per evaluation during training "
-                        f"(default: {eval_tokens or 'the preset' + chr(39) + 's'})")
-    p.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated seeds, one run per scheme each (default 0)")
-    p.add_argument("--diag-tokens", type=int, default=diag_tokens,
-                   help=f"held-out tokens for the diagnostics (default {diag_tokens})")
-    p.add_argument("--no-jacobian", dest="jacobian", action="store_false", help="skip block Jacobians")
-    p.add_argument("--device", help="cpu | cuda (default: cuda when available)")
-    p.add_argument("--jobs", type=int, default=jobs,
-                   help=f"runs trained side by side, the cores split between them (default {jobs})")
+def add_compare_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags ``compare`` and ``demo`` share (demo sets its own defaults on them)."""
+    COMPARE.add_to(p)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="model_set",
+                   help="override a model config field for every run, e.g. --set n_layers=24")
+    TRAIN.add_to(p)
+    DIAGNOSE.add_to(p)
+    p.add_argument("--out", help="output directory (required)")
+    add_config_flag(p)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="train + diagnose several schemes side by side (paper Table 1)",
                               description=__doc__ + "\n\n" + USAGE, epilog=schemes_epilog(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--schemes", type=_csv, required=True,
-                   help="comma-separated scheme variants NAME[:KEY=VALUE...], e.g. pre,lns,lns:position=after-branch")
-    p.add_argument("--preset", default="tiny", help="model preset (default tiny), an LM preset or vit-tiny / vit-s")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="model_set",
-                   help="override a ModelConfig field for every run, e.g. --set n_layers=24")
-    add_shared_arguments(p)
-    add_downstream_arguments(p)
-    p.add_argument("--out", required=True, help="output directory")
+    add_compare_arguments(p)
+    DOWNSTREAM.add_to(p)
     p.set_defaults(func=main)
 
 
-def build_config(args, schemes: list[str], preset: str, model_set: list[str] | None):
+def build_config(args) -> CompareConfig:
+    """The CompareConfig the arguments (and ``--config``) describe; the data default follows the preset's family."""
     from depthlab.cli._args import parse_overrides
-    from depthlab.compare import CompareConfig
-    from depthlab.diagnostics import DiagnoseOptions
+    from depthlab.errors import DepthlabError
     from depthlab.families import family_of_preset
-    from depthlab.train import TrainConfig
 
-    data = args.data or ("digits" if family_of_preset(preset).name == "vit" else "builtin")
-    train = TrainConfig(data=data, tokenizer=args.tokenizer, steps=args.steps, seq_len=args.seq_len,
-                        batch_size=args.batch_size, lr=args.lr, eval_tokens=args.eval_tokens, device=args.device)
-    diag = DiagnoseOptions(tokens=args.diag_tokens, jacobian=args.jacobian, progress=False)
-    return CompareConfig(schemes=schemes, preset=preset, model_overrides=parse_overrides(model_set), seeds=args.seeds,
-                         train=train, diagnose=diag, downstream=downstream_from_args(args))
+    given = COMPARE.given(args)
+    if not given.get("schemes"):
+        raise DepthlabError("give --schemes, e.g. --schemes pre,lns")
+    if not args.out:
+        raise DepthlabError("give --out DIR for the comparison")
+    train = TRAIN.given(args)
+    if "data" not in train:
+        train["data"] = "digits" if family_of_preset(given.get("preset", "tiny")).name == "vit" else "builtin"
+    diagnose = DiagnoseOptions(**{"tokens": 16384, **DIAGNOSE.given(args), "progress": False})
+    return CompareConfig(**given, model_overrides=parse_overrides(args.model_set), train=TrainConfig(**train),
+                         diagnose=diagnose, downstream=Downstream(**DOWNSTREAM.given(args)))
 
 
-def run_and_print(cfg, out: str, command: str, jobs: int = 1) -> int:
+def run_and_print(cfg: CompareConfig, out: str, command: str) -> int:
     import logging
     from pathlib import Path
 
@@ -106,7 +99,7 @@ def run_and_print(cfg, out: str, command: str, jobs: int = 1) -> int:
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)  # to lock it; the CLI removes it again if the compare fails at once
     with RunLock(path):  # one writer: a second compare on the same --out stops here, nothing touched
-        result = compare(cfg, out, command=command, on_run=progress, jobs=jobs)
+        result = compare(cfg, out, command=command, on_run=progress)
     print(markdown_table(result["table"]))
     print(f"\nreport: {out.rstrip('/')}/report.html   (table: summary.md, numbers: summary.json)")
     return 0
@@ -115,5 +108,4 @@ def run_and_print(cfg, out: str, command: str, jobs: int = 1) -> int:
 def main(args) -> int:
     from depthlab.provenance import command_line
 
-    command = command_line(args.argv)
-    return run_and_print(build_config(args, args.schemes, args.preset, args.model_set), args.out, command, args.jobs)
+    return run_and_print(build_config(args), args.out, command_line(args.argv))

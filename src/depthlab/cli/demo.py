@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from depthlab.cli.compare import add_shared_arguments, build_config, run_and_print
+from depthlab.cli.compare import add_compare_arguments, build_config, run_and_print
 from depthlab.provenance import command_line
 
 #: Sized to finish within 3 minutes on 2 CPU cores, tokenizer training, two runs and their
@@ -28,14 +28,13 @@ finished runs.
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="pre vs lns on the built-in corpus (tiny preset, CPU, ~5 min)",
+    p = subparsers.add_parser("demo", help="pre vs lns on the built-in corpus (tiny preset, CPU, about 2 minutes)",
                               description=__doc__ + "\n\n" + USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="depthlab-demo", help="output directory (default ./depthlab-demo)")
-    add_shared_arguments(p, steps=DEMO_STEPS, eval_tokens=DEMO_EVAL_TOKENS, diag_tokens=DEMO_DIAG_TOKENS,
-                         jobs=DEMO_JOBS)
-    p.set_defaults(func=main)
+    add_compare_arguments(p)
+    p.set_defaults(func=main, out="depthlab-demo", **{
+        "compare.schemes": ["pre", "lns"], "compare.preset": "tiny", "compare.jobs": DEMO_JOBS,
+        "train.steps": DEMO_STEPS, "train.eval_tokens": DEMO_EVAL_TOKENS, "diagnose.tokens": DEMO_DIAG_TOKENS})
 
 
 def main(args) -> int:
-    command = command_line(args.argv)
-    return run_and_print(build_config(args, ["pre", "lns"], "tiny", None), args.out, command, args.jobs)
+    return run_and_print(build_config(args), args.out, command_line(args.argv))

@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from depthlab.cli._options import Section, add_config_flag
+from depthlab.diagnostics.options import SPLITS, DiagnoseOptions
 from depthlab.schemes import BASELINE_SCHEME
 
 log = logging.getLogger("depthlab.diagnose")
@@ -58,11 +60,12 @@ def resolve_defaults(tokens: int | None, jacobian: bool | None, device_type: str
     return tokens, jacobian, line
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated block numbers, got {text!r}") from None
+#: Every DiagnoseOptions field is a flag (``depthlab.cli._options``); its help is the field's comment.
+DIAGNOSE = Section("diagnose", DiagnoseOptions, choices={"split": SPLITS}, helps={
+    "tokens": f"evaluation tokens (default: {GPU_TOKENS} on a GPU, the paper's scale; on a CPU a budget of about "
+              f"{CPU_BUDGET_S // 60} minutes: {CPU_TOKENS_135M} tokens for a 135M model, up to {CPU_MAX_TOKENS})",
+    "seq_len": "tokens per sequence (default 256, or the model's context when shorter)",
+    "jacobian": f"block Jacobians (default: on a GPU, or on a CPU for widths up to {CPU_JACOBIAN_MAX_WIDTH})"})
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,39 +75,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("target", metavar="TARGET", help="run dir / checkpoint, preset:NAME, HF dir, .gguf, hub id, smollm2, minilm")
     p.add_argument("--out", default=None, help="output directory (default reports/<target name>)")
-    p.add_argument("--data", default="builtin",
-                   help="evaluation text: builtin, a .txt/.jsonl/.parquet, dir, glob, hf:NAME (default builtin)")
-    p.add_argument("--split", default="auto", choices=("auto", "val", "all", "train"),
-                   help="split of --data (auto: val for builtin and depthlab runs, else all)")
-    p.add_argument("--tokens", type=int, default=None,
-                   help=f"evaluation tokens (default: {GPU_TOKENS} on a GPU, the paper's scale; on a CPU a budget of "
-                        f"about {CPU_BUDGET_S // 60} minutes: {CPU_TOKENS_135M} tokens for a 135M model, up to {CPU_MAX_TOKENS})")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help="tokens per sequence (default 256, or the model's context when shorter)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help="auto: bf16 on GPU, fp32 on CPU")
     p.add_argument("--scheme", default=BASELINE_SCHEME, help=f"scheme of a preset:NAME target (default {BASELINE_SCHEME})")
-    g = p.add_argument_group("what to measure")
-    g.add_argument("--no-removal", action="store_true", help="skip the layer-removal sweep")
-    jac = g.add_mutually_exclusive_group()
-    jac.add_argument("--jacobian", dest="jacobian", action="store_true", default=None,
-                     help="compute the block Jacobians (default: on a GPU, or on a CPU for widths up to "
-                          f"{CPU_JACOBIAN_MAX_WIDTH})")
-    jac.add_argument("--no-jacobian", dest="jacobian", action="store_false", help="skip the block Jacobians")
-    g.add_argument("--jac-samples", type=int, default=4, help="sampled tokens per block Jacobian (default 4)")
-    g.add_argument("--jac-context", type=int, default=32, help="sampled positions lie below this (default 32)")
-    g.add_argument("--jac-layers", type=_ints, default=None, help="blocks to differentiate, e.g. 1,8,16 (default all)")
-    g.add_argument("--heatmap-layers", type=_ints, default=None, help="blocks drawn as Jacobian heatmaps (default 4 spread out)")
-    g.add_argument("--mc", default=None, help="multiple-choice task for the accuracy drop, as `depthlab evaluate` "
-                   "takes it: a .jsonl (ARC, PIQA, ... or question/choices/answer), builtin-mc, hf:NAME")
-    g.add_argument("--mc-limit", type=int, default=None, help="use the first N multiple-choice items")
-    s = p.add_argument_group("summary")
-    s.add_argument("--loss-budget", type=float, default=0.1, help="nats of loss one may lose by removing blocks (default 0.1)")
-    s.add_argument("--identity-threshold", type=float, default=0.1,
-                   help="adjacent angular distance below which a block is near-identity (default 0.1)")
-    s.add_argument("--no-joint-check", action="store_true", help="estimate the removable set from single removals only")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    DIAGNOSE.add_to(p)
+    add_config_flag(p)
     p.set_defaults(func=run)
 
 
@@ -141,41 +116,35 @@ def _seq_len(asked: int | None, target) -> int:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target, write_report
+    from depthlab.diagnostics import diagnose, load_target, write_report
     from depthlab.errors import DepthlabError
     from depthlab.provenance import command_line
 
+    given = DIAGNOSE.given(args)
     for name in ("tokens", "seq_len", "batch_size", "jac_samples", "jac_context"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise DepthlabError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.loss_budget < 0:
-        raise DepthlabError("--loss-budget must be >= 0")
+        if given.get(name) is not None and given[name] < 1:
+            raise DepthlabError(f"--{name.replace('_', '-')} must be positive, got {given[name]}")
+    if given.get("loss_budget", 0) < 0:
+        raise DepthlabError(f"--loss-budget must be >= 0, got {given['loss_budget']}")
     device, dtype = _device_dtype(args)
-    mc_file = args.mc is not None and args.mc != "builtin-mc" and not args.mc.startswith("hf:")
-    if mc_file and not Path(args.mc).is_file():
-        raise DepthlabError(f"multiple-choice file {args.mc!r} does not exist")
+    mc = given.get("mc")
+    if mc is not None and mc != "builtin-mc" and not mc.startswith("hf:") and not Path(mc).is_file():
+        raise DepthlabError(f"multiple-choice file {mc!r} does not exist")
     target = load_target(args.target, device=device, dtype=dtype, scheme=args.scheme)
-    args.seq_len = _seq_len(args.seq_len, target)
+    given["seq_len"] = _seq_len(given.get("seq_len"), target)
     if not target.causal:
         log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", args.target)
     n_params = sum(p.numel() for p in target.model.parameters())
-    tokens, jacobian, chosen = resolve_defaults(args.tokens, args.jacobian, device.type, n_params,
-                                                target.info.get("d_model"), args.seq_len)
+    given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), given.get("jacobian"), device.type,
+                                                                  n_params, target.info.get("d_model"), given["seq_len"])
     if chosen:
         print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails
-    opts = DiagnoseOptions(
-        data=args.data, split=args.split, tokens=tokens, seq_len=args.seq_len, batch_size=args.batch_size,
-        removal=not args.no_removal, jacobian=jacobian, jac_samples=args.jac_samples,
-        jac_context=args.jac_context, jac_layers=args.jac_layers, heatmap_layers=args.heatmap_layers,
-        mc=args.mc, mc_limit=args.mc_limit, loss_budget=args.loss_budget,
-        identity_threshold=args.identity_threshold, joint_check=not args.no_joint_check,
-        progress=not args.no_progress,  # a bar on a terminal, ETA log lines otherwise
-    )
+    opts = DiagnoseOptions(**given)  # progress: a bar on a terminal, ETA log lines otherwise
     report = diagnose(target, opts, command=command_line(args.argv))
     out = Path(args.out or Path("reports") / Path(args.target.replace("preset:", "")).name.replace(".gguf", ""))
     page = write_report(report, out)
     if report["data"]["short"]:
-        print(f"note: the data held only {report['data']['tokens']} tokens (asked for {tokens}); used what there is",
+        print(f"note: the data held only {report['data']['tokens']} tokens (asked for {opts.tokens}); used what there is",
               file=sys.stderr)
     print(report["summary"])
     print(f"report: {page}")

@@ -11,18 +11,16 @@ examples:
 
 The result loads with plain `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`, no custom
 code, and gives the run's logits: LNS's 1/sqrt(l) is folded into the norm weights (exact at
-inference). Schemes vanilla Llama cannot express ({refused}) are refused.
+inference). Schemes vanilla Llama cannot express are refused in one line naming them (the README's
+scheme table says which schemes export).
 """
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def register(subparsers) -> None:
-    from depthlab.hf.convert import refused_schemes
-
-    usage = USAGE.format(refused=", ".join(refused_schemes()))
     p = subparsers.add_parser("export", help="write a run as a vanilla Hugging Face checkpoint (LNS folded)",
-                              description=__doc__ + "\n\n" + usage, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__ + "\n\n" + USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a depthlab run directory or one of its checkpoints")
     p.add_argument("--hf", required=True, metavar="OUT_DIR", help="output directory (must not exist or be empty)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weight dtype of the export (default fp32)")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from depthlab.cli._options import Section, add_config_flag
+from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, TrainConfig
 
 USAGE = """\
 examples:
@@ -29,10 +31,15 @@ row, padded (--pack packs them). Outputs in --out as for `depthlab train`: confi
 "finetune": source, data, template name + text), tokenizer/, metrics.jsonl, summary.json, checkpoint/.
 """
 
-#: CLI flag (argparse dest) -> TrainConfig field.
-_FLAGS = ("data", "seq_len", "batch_size", "micro_batch_size", "steps", "lr", "warmup", "min_lr_ratio", "optimizer",
-          "weight_decay", "grad_clip", "seed", "device", "dtype", "eval_every", "variance_every", "log_every",
-          "ckpt_every", "keep_last")
+#: The TrainConfig fields a fine-tuning run takes as flags (its tokenizer is the source's; SFT records, not text).
+TRAIN = Section("train", TrainConfig, exclude=("tokenizer", "val_data", "text_field", "streaming"),
+                choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES},
+                helps={"data": "builtin-sft | FILE.json | FILE.jsonl (Alpaca or chat records)",
+                       "pack": "pack examples into rows (default: one padded example per row)",
+                       "steps": "optimizer steps (default: 3 epochs)",
+                       "lr": "peak learning rate (default 1e-4; 3e-5 from 100M parameters)",
+                       "seq_len": "tokens per row; longer examples are cut (default 256)",
+                       "batch_size": "global batch in rows (default 16)"})
 
 
 def register(subparsers) -> None:
@@ -40,51 +47,32 @@ def register(subparsers) -> None:
                               description=__doc__ + "\n\n" + USAGE,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", nargs="?", metavar="SOURCE", help="depthlab run / checkpoint dir, or HF model dir")
-    p.add_argument("--data", help="builtin-sft | FILE.json | FILE.jsonl (Alpaca or chat records)")
     p.add_argument("--out", help="run directory (must not exist unless --resume)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a fine-tuning run from its latest checkpoint")
     p.add_argument("--template", default=None, help="prompt template: alpaca (default), llm-adapters")
-    p.add_argument("--pack", action="store_true", help="pack examples into rows (default: one padded example per row)")
-    p.add_argument("--seq-len", type=int, help="tokens per row; longer examples are cut (default 256)")
-    p.add_argument("--batch-size", type=int, help="global batch in rows (default 16)")
-    p.add_argument("--micro-batch-size", type=int, help="rows per forward (gradient accumulation)")
-    p.add_argument("--steps", type=int, help="optimizer steps (default: 3 epochs)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default 1e-4; 3e-5 from 100M parameters)")
-    p.add_argument("--warmup", type=float, help="warm-up: fraction of steps (<1) or steps (default min(100, steps/10))")
-    p.add_argument("--min-lr-ratio", type=float, help="cosine floor as a fraction of lr (default 0.1)")
-    p.add_argument("--optimizer", choices=("adam", "adamw"))
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--grad-clip", type=float)
-    p.add_argument("--seed", type=int, help="data order (default 0)")
-    p.add_argument("--device", help="cpu | cuda | cuda:N")
-    p.add_argument("--dtype", choices=("auto", "fp32", "bf16"))
-    p.add_argument("--eval-every", type=int)
-    p.add_argument("--variance-every", type=int)
-    p.add_argument("--log-every", type=int)
-    p.add_argument("--ckpt-every", type=int)
-    p.add_argument("--keep-last", type=int)
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-q", "--quiet", action="store_true", default=None, help="no progress bar")
+    TRAIN.add_to(p)
+    add_config_flag(p)
     p.set_defaults(func=run)
 
 
 def _configs(args):
     """(source, TrainConfig, out, resume, template) from the arguments (the saved run's when resuming)."""
     from depthlab.errors import DepthlabError
-    from depthlab.train import TrainConfig
+    from depthlab.train.rundir import saved_config
 
-    given = {k: getattr(args, k) for k in _FLAGS if getattr(args, k) is not None}
+    given = TRAIN.given(args)
     if not args.resume:
-        if not (args.source and args.out and args.data):
+        if not (args.source and args.out and given.get("data")):
             raise DepthlabError("give SOURCE, --data and --out (or --resume RUN_DIR)")
-        return args.source, TrainConfig(**given, pack=args.pack), args.out, False, args.template or "alpaca"
+        return args.source, TrainConfig(**{"pack": False, **given}), args.out, False, args.template or "alpaca"
     if args.out and Path(args.out).resolve() != Path(args.resume).resolve():
         raise DepthlabError(f"--out {args.out!r} differs from --resume {args.resume!r}; give one run directory")
-    path = Path(args.resume) / "config.json"
-    saved = json.loads(path.read_text()) if path.is_file() else {}
+    saved = saved_config(Path(args.resume))
     ft = saved.get("finetune")
     if not ft:
         raise DepthlabError(f"cannot resume {args.resume!r}: not a fine-tuning run (no 'finetune' in config.json)")
-    cfg = TrainConfig.from_dict({**saved["train"], **given, **({"pack": True} if args.pack else {})})
+    cfg = TrainConfig.from_dict({**saved["train"], **given})
     return ft["source"]["path"], cfg, args.resume, True, args.template or ft["template"]["name"]
 
 
@@ -95,7 +83,7 @@ def run(args) -> int:
 
     source, cfg, out, resume, template = _configs(args)
     try:
-        s = finetune(source, cfg, out, resume=resume, template=template, quiet=args.quiet,
+        s = finetune(source, cfg, out, resume=resume, template=template, quiet=bool(args.quiet),
                      command=command_line(args.argv))
     except TrainingDiverged as err:
         print(f"depthlab finetune: error: {err}", file=sys.stderr)

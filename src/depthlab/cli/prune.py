@@ -7,6 +7,9 @@ import argparse
 import shlex
 import sys
 
+from depthlab.cli._options import Section, add_config_flag
+from depthlab.prune.options import HEAL_MODES, METHODS, HealOptions, PruneOptions
+
 USAGE = """\
 examples:
   depthlab prune smollm2 --remove 6 --method removal --out pruned/smollm2-24
@@ -31,39 +34,23 @@ block at each step (about L/2 forward passes per step; SmolLM2, 2,048 tokens, on
 """
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated block numbers, got {text!r}") from None
+#: Every PruneOptions / HealOptions field is a flag (``depthlab.cli._options``); its help is the field's comment.
+PRUNE = Section("prune", PruneOptions, exclude=("heal",), choices={"method": METHODS})
+HEAL = Section("heal", HealOptions, prefix="heal-", exclude=("data", "seq_len", "progress"), rename={"mode": "heal"},
+               choices={"mode": HEAL_MODES}, title="healing")
 
 
 def register(subparsers) -> None:
-    from depthlab.prune.select import METHODS
-
     p = subparsers.add_parser("prune", help="remove blocks (chosen by a diagnosis), heal, export a smaller HF model",
                               description=__doc__ + "\n\n" + USAGE,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="TARGET", help="run dir / checkpoint, HF dir, .gguf, hub id, smollm2")
-    p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
-    how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--remove", type=int, metavar="N", help="remove N blocks")
-    how.add_argument("--budget", type=float, metavar="NATS", help="remove the most blocks within NATS of extra loss")
-    how.add_argument("--blocks", type=_ints, metavar="LIST", help="remove exactly these blocks, e.g. 21,22,23")
-    p.add_argument("--method", choices=METHODS, default="removal", help="how to choose blocks (default removal)")
-    p.add_argument("--data", default="builtin",
-                   help="text: its val split chooses and evaluates, its train split heals (default builtin)")
-    p.add_argument("--tokens", type=int, default=2048, help="held-out tokens (default 2048)")
-    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
-    h = p.add_argument_group("healing")
-    h.add_argument("--heal-steps", type=int, default=0, help="continued-training steps after pruning (default 0)")
-    h.add_argument("--heal", choices=("full", "lora"), default="full", help="train all weights, or LoRA (needs peft)")
-    h.add_argument("--heal-lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4)")
-    h.add_argument("--heal-batch-size", type=int, default=8, help="sequences per healing step (default 8)")
+    p.add_argument("--out", help="output directory (must not exist or be empty)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="weights while pruning (default fp32)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    PRUNE.add_to(p)
+    HEAL.add_to(p)
+    add_config_flag(p)
     p.set_defaults(func=run)
 
 
@@ -73,18 +60,20 @@ def run(args: argparse.Namespace) -> int:
     from depthlab.cli.diagnose import _device_dtype
     from depthlab.diagnostics import load_target
     from depthlab.errors import DepthlabError
-    from depthlab.prune import HealOptions, PruneOptions, check_options, prune_target
+    from depthlab.prune import check_options, prune_target
     from depthlab.prune.heal import check_heal
 
+    if not args.out:
+        raise DepthlabError("give --out DIR for the pruned checkpoint")
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
-    progress = not args.no_progress and sys.stderr.isatty()
-    heal = HealOptions(data=args.data, steps=args.heal_steps, mode=args.heal, lr=args.heal_lr,
-                       batch_size=args.heal_batch_size, seq_len=args.seq_len, progress=progress)
-    opts = PruneOptions(method=args.method, remove=args.remove, budget=args.budget, blocks=args.blocks,
-                        data=args.data, tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch_size,
-                        heal=heal, progress=progress)
+    given = PRUNE.given(args)
+    progress = given.pop("progress", True) and sys.stderr.isatty()
+    base = PruneOptions()
+    heal = HealOptions(**{"data": given.get("data", base.data), "seq_len": given.get("seq_len", base.seq_len),
+                          **HEAL.given(args), "progress": progress})
+    opts = PruneOptions(**given, heal=heal, progress=progress)
     check_heal(heal)  # e.g. --heal lora without peft: before the model is loaded
     if not progress:
         from transformers.utils import logging as hf_logging

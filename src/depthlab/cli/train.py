@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from depthlab.cli._args import parse_overrides, scheme_help, schemes_epilog
+from depthlab.cli._args import model_flags, model_from_args, scheme_help, schemes_epilog
+from depthlab.cli._options import Section, add_config_flag
+from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, TrainConfig
 
 USAGE = """\
 examples:
   depthlab train --preset tiny --scheme lns --data builtin --steps 300 --out runs/lns
   depthlab train --preset tiny --scheme pre --set n_layers=8 --data corpus.jsonl --text-field body --out runs/pre
+  depthlab train --config run.yaml --out runs/a           # any option below from a YAML/JSON file
+  depthlab train --config runs/a/config.json --out runs/b # run a again, exactly
   depthlab train --resume runs/lns                       # continue from the latest checkpoint
   depthlab train --init-from pruned/lns-12/run --data builtin --steps 300 --out runs/lns-12-healed
-  depthlab train --preset vit-tiny --scheme lns --set lns_position=after-branch --data digits --out runs/vit
+  depthlab train --preset vit-tiny --scheme lns:position=after-branch --data digits --out runs/vit
   torchrun --nproc_per_node 8 -m depthlab train --preset llama-130m --scheme lns \\
       --data hf:allenai/c4:en --tokenizer hf:t5-base --seq-len 256 --batch-size 512 --dist fsdp --out runs/130m
 
@@ -24,86 +27,38 @@ tiny: CPU-sized). Outputs in --out: config.json, tokenizer/, metrics.jsonl, summ
 layer_variance.png and loss.png.
 """
 
-
-#: CLI flag (argparse dest) -> TrainConfig field, for the flags that map one to one.
-_TRAIN_FLAGS = ("data", "val_data", "text_field", "tokenizer", "seq_len", "batch_size", "micro_batch_size", "steps",
-                "lr", "warmup", "min_lr_ratio", "optimizer", "weight_decay", "grad_clip", "seed", "device", "dtype",
-                "dist", "eval_every", "eval_tokens", "variance_every", "probe_batch_size", "log_every", "ckpt_every",
-                "keep_last", "cache_dir", "removal_every")
+#: Every TrainConfig field is a flag (``depthlab.cli._options``); its help is the field's comment.
+TRAIN = Section("train", TrainConfig, choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES})
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="pre-train a model (one normalization scheme) on a corpus",
                               description=__doc__ + "\n\n" + USAGE, epilog=schemes_epilog(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    m = p.add_argument_group("model")
-    m.add_argument("--preset", help="model preset (default tiny): an LM preset (depthlab.PRESETS) or a ViT preset "
-                   "(vit-tiny, vit-s; then --data digits | IMAGE_DIR | hf:NAME)")
-    m.add_argument("--scheme", help=scheme_help())
-    m.add_argument("--set", action="append", metavar="KEY=VALUE", dest="model_set",
-                   help="override a ModelConfig field or a scheme option, e.g. --set n_layers=8 (repeatable)")
-    d = p.add_argument_group("data")
-    d.add_argument("--data", help="builtin | file.txt/.jsonl/.parquet | dir | glob | hf:NAME[:CONFIG] | token-shard "
-                   "dir; ViT presets: digits | folder of class sub-folders | hf:NAME")
-    d.add_argument("--val-data", help="explicit held-out source (default: held-out split of --data)")
-    d.add_argument("--text-field", help="text field of .jsonl/.parquet/hf data (default text)")
-    d.add_argument("--tokenizer", help="bytes | bpe:N | hf:NAME_OR_PATH (default bpe:4096)")
-    d.add_argument("--seq-len", type=int, help="tokens per sequence")
-    d.add_argument("--no-pack", dest="pack", action="store_false", default=None,
-                   help="pad each document instead of packing (pad positions masked)")
-    d.add_argument("--streaming", action="store_true", default=None,
-                   help="tokenize on the fly in stream order (default for hf: data; for corpora larger than memory)")
-    o = p.add_argument_group("optimisation")
-    o.add_argument("--batch-size", type=int, help="global batch in sequences")
-    o.add_argument("--micro-batch-size", type=int, help="sequences per rank per forward (gradient accumulation)")
-    o.add_argument("--steps", type=int, help="optimizer steps")
-    o.add_argument("--lr", type=float, help="peak learning rate")
-    o.add_argument("--warmup", type=float, help="warm-up: fraction of steps (<1) or number of steps")
-    o.add_argument("--min-lr-ratio", type=float, help="cosine floor as a fraction of lr (default 0.1)")
-    o.add_argument("--optimizer", choices=("adam", "adamw"))
-    o.add_argument("--weight-decay", type=float)
-    o.add_argument("--grad-clip", type=float, help="clip the global grad norm (default: no clipping)")
-    o.add_argument("--seed", type=int, help="fixes init and data order (default 0)")
-    x = p.add_argument_group("execution")
-    x.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")
-    x.add_argument("--dtype", choices=("auto", "fp32", "bf16"), help="auto = bf16 autocast on CUDA, fp32 on CPU")
-    x.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    x.add_argument("--dist", choices=("none", "ddp", "fsdp"), help="under torchrun: DDP or FSDP2")
-    r = p.add_argument_group("run directory, evaluation, checkpoints")
+    model_flags(p, scheme_help())
+    TRAIN.add_to(p)
+    r = p.add_argument_group("run directory")
     r.add_argument("--out", help="run directory (must not exist unless --resume)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
     r.add_argument("--init-from", metavar="SOURCE",
                    help="start a new run from the weights, model config and tokenizer of SOURCE: a depthlab run "
                         "(e.g. a pruned one: <prune --out>/run) or an HF model directory; fresh optimizer, step 0")
-    r.add_argument("--allow-changed", metavar="KEYS", default="",
+    r.add_argument("--allow-changed", metavar="KEYS",
                    help="with --resume: schedule settings that may differ from the saved run, "
                         "e.g. lr,warmup,min_lr_ratio (recorded in config.json)")
-    r.add_argument("--eval-every", type=int, help="steps between held-out evaluations (0 = end only)")
-    r.add_argument("--eval-tokens", type=int, help="held-out tokens per evaluation")
-    r.add_argument("--variance-every", type=int, help="steps between depth probes (variance, tracking; default steps/20)")
-    r.add_argument("--probe-batch-size", type=int, help="sequences in the fixed held-out probe batch (default 8)")
-    r.add_argument("--no-track-depth", dest="track_depth", action="store_false", default=None,
-                   help="probe the layerwise variance only (no angular distance, contribution, norm gain, removal)")
-    r.add_argument("--no-track-removal", dest="track_removal", action="store_false", default=None,
-                   help="track depth without the removal Δloss (L partial forwards per probe; for big models)")
-    r.add_argument("--removal-every", type=int, help="the removal Δloss at every n-th probe and the last (default 4)")
-    r.add_argument("--log-every", type=int, help="steps between train lines in metrics.jsonl (default 10)")
-    r.add_argument("--ckpt-every", type=int, help="steps between checkpoints (0 = end only)")
-    r.add_argument("--keep-last", type=int, help="checkpoints kept (default 2)")
-    r.add_argument("--cache-dir", help="tokenizer/token cache (default $DEPTHLAB_CACHE or ~/.cache/depthlab)")
-    r.add_argument("--tensorboard", action="store_true", default=None, help="also log to <out>/tensorboard")
-    r.add_argument("--no-plots", action="store_true", help="skip layer_variance.png / loss.png in the run directory")
-    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--no-plots", action="store_true", default=None,
+                   help="skip layer_variance.png / loss.png in the run directory")
+    r.add_argument("-q", "--quiet", action="store_true", default=None, help="no progress bar")
+    add_config_flag(p)
     p.set_defaults(func=run)
 
 
 def build_configs(args):
-    """(ModelConfig, TrainConfig, out_dir, resume, start) from parsed args (saved config when resuming;
+    """(model config, TrainConfig, out_dir, resume, start) from parsed args (saved config when resuming;
     the source's model and tokenizer with ``--init-from``)."""
-    from depthlab.configure import configure, from_preset
     from depthlab.errors import DepthlabError
     from depthlab.families import config_from_saved
-    from depthlab.train import TrainConfig
+    from depthlab.train.rundir import saved_config
 
     resume = args.resume is not None
     if resume and args.init_from:
@@ -113,31 +68,17 @@ def build_configs(args):
     out = args.resume if resume else args.out
     if not out:
         raise DepthlabError("give --out RUN_DIR (or --resume RUN_DIR)")
-    given = {k: getattr(args, k) for k in _TRAIN_FLAGS if getattr(args, k) is not None}
-    for flag in ("pack", "streaming", "compile", "tensorboard", "track_depth", "track_removal"):
-        if getattr(args, flag) is not None:
-            given[flag] = getattr(args, flag)
-    overrides = parse_overrides(args.model_set)
-    scheme = {"scheme": args.scheme} if args.scheme else {}  # before its options, so --set can name them
-    if resume:
-        cfg_path = Path(out) / "config.json"
-        if not cfg_path.is_file():
-            raise DepthlabError(f"cannot resume {out!r}: no config.json there (not a run directory)")
-        saved = json.loads(cfg_path.read_text())
-        if args.preset:
-            model_cfg = from_preset(args.preset, **{"scheme": saved["model"]["scheme"], **scheme, **overrides})
-        elif args.scheme or overrides:
-            model_cfg = configure(config_from_saved(saved), **{**scheme, **overrides})
-        else:
-            model_cfg = config_from_saved(saved)
-        train_cfg = TrainConfig.from_dict({**saved["train"], **given})
-    elif args.init_from:
+    given = TRAIN.given(args)
+    if args.init_from:
         model_cfg, train_cfg, start = _init_from(args, given)
         return model_cfg, train_cfg, out, False, start
-    else:
-        model_cfg = from_preset(args.preset or "tiny", **{**scheme, **overrides})
-        train_cfg = TrainConfig(**given)
-    return model_cfg, train_cfg, out, resume, None
+    if not resume:
+        return model_from_args(args), TrainConfig(**given), out, False, None
+    saved = saved_config(Path(out))
+    if args.preset and not args.scheme:
+        args.scheme = saved["model"]["scheme"]  # a preset given on resume keeps the run's scheme
+    model_cfg = model_from_args(args, base=config_from_saved(saved))
+    return model_cfg, TrainConfig.from_dict({**saved["train"], **given}), out, True, None
 
 
 def _init_from(args, given: dict):
@@ -145,11 +86,10 @@ def _init_from(args, given: dict):
     for a pruned run, each block's original depth), weights and tokenizer; the run's settings from the flags."""
     from depthlab.config import ModelConfig
     from depthlab.errors import DepthlabError
-    from depthlab.train import TrainConfig
     from depthlab.train.data import load_train_data
     from depthlab.train.start import StartFrom, load_source
 
-    if args.preset or args.scheme or args.model_set:
+    if args.preset or args.scheme or args.model_set or args.model_section:
         raise DepthlabError("--init-from takes the model from its source; drop --preset, --scheme and --set")
     src = load_source(args.init_from, "--init-from source")
     if not isinstance(src.model_cfg, ModelConfig):
@@ -158,10 +98,10 @@ def _init_from(args, given: dict):
     return src.model_cfg, TrainConfig(**{**given, "tokenizer": src.tokenizer.spec}), start
 
 
-def _allowed(text: str, resume: bool) -> tuple[str, ...]:
+def _allowed(text: str | None, resume: bool) -> tuple[str, ...]:
     from depthlab.errors import DepthlabError
 
-    keys = tuple(k.strip().replace("-", "_") for k in text.split(",") if k.strip())
+    keys = tuple(k.strip().replace("-", "_") for k in (text or "").split(",") if k.strip())
     if keys and not resume:
         raise DepthlabError(f"--allow-changed {text!r} applies to --resume only")
     return keys
@@ -174,8 +114,9 @@ def run(args) -> int:
 
     model_cfg, train_cfg, out, resume, start = build_configs(args)
     try:
-        summary = train(model_cfg, train_cfg, out, resume=resume, quiet=args.quiet, command=command_line(args.argv),
-                        allow_changed=_allowed(args.allow_changed, resume), start=start)
+        summary = train(model_cfg, train_cfg, out, resume=resume, quiet=bool(args.quiet),
+                        command=command_line(args.argv), allow_changed=_allowed(args.allow_changed, resume),
+                        start=start)
     except TrainingDiverged as err:
         print(f"depthlab train: error: {err}", file=sys.stderr)
         return 1

@@ -19,60 +19,15 @@ import json
 import logging
 import shutil
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from depthlab.errors import DepthlabError
+from depthlab.compare.config import Downstream
 from depthlab.schemes import BASELINE_SCHEME
 
 log = logging.getLogger(__name__)
 
 FINETUNE_DIR, EVAL_DIR = "finetune", "downstream"
-
-
-@dataclass
-class Downstream:
-    """Fine-tuning and evaluation settings shared by every run of a compare (None = the SFT defaults)."""
-
-    finetune: str | None = None  # SFT data: builtin-sft | .json/.jsonl; None = evaluate the pre-trained runs
-    tasks: str | None = None  # comma-separated task specs, as for `depthlab evaluate`
-    steps: int | None = None
-    lr: float | None = None
-    batch_size: int | None = None
-    seq_len: int | None = None
-    limit: int | None = None  # items per task
-    eval_batch_size: int = 16
-
-    @property
-    def active(self) -> bool:
-        return bool(self.finetune or self.tasks)
-
-    def validate(self, family: str = "lm") -> None:
-        """Bad data or task specs (or a model family without text, e.g. ViT) fail here, before
-        anything is trained."""
-        if self.active and family != "lm":
-            raise DepthlabError(f"--finetune / --eval need language models; this compare trains {family} models")
-        if self.finetune:
-            from depthlab.finetune.run import sft_records
-
-            sft_records(self.finetune)
-        if self.tasks:
-            from depthlab.evaluate import load_tasks
-
-            load_tasks(self.tasks, self.limit)
-        elif self.finetune:
-            raise DepthlabError("--finetune needs --eval TASKS to score the fine-tuned models on")
-        for name in ("steps", "batch_size", "seq_len", "limit"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise DepthlabError(f"downstream {name} must be positive, got {v}")
-
-    def train_config(self, device: str | None, seed: int):
-        from depthlab.train import TrainConfig
-
-        return TrainConfig(data=self.finetune, steps=self.steps, lr=self.lr, batch_size=self.batch_size,
-                           seq_len=self.seq_len, seed=seed, device=device, pack=False, eval_every=0, variance_every=0)
 
 
 def run_downstream(ds: Downstream, run_dir: Path, seed: int, device: str | None, quiet: bool,

@@ -17,74 +17,26 @@ picks up where it stopped.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from depthlab.compare.downstream import Downstream, downstream_markdown, downstream_table, run_downstream
+from depthlab.compare.config import CompareConfig
+from depthlab.compare.downstream import downstream_markdown, downstream_table, run_downstream
 from depthlab.compare.parallel import run_in_parallel
 from depthlab.compare.table import COLUMNS, markdown_table
 from depthlab.compare.tracking import compare_tracking_markdown
-from depthlab.configure import from_preset
-from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target, write_report
+from depthlab.diagnostics import diagnose, load_target, write_report
 from depthlab.diagnostics.tracking import deepest_third
-from depthlab.errors import DepthlabError, choices
-from depthlab.families import family_of, family_of_preset
-from depthlab.schemes import BASELINE_SCHEME, SCHEMES, SchemeSpec, parse_scheme_spec
-from depthlab.train import TrainConfig, list_checkpoints, train
-from depthlab.train.family import train_family
+from depthlab.errors import DepthlabError
+from depthlab.schemes import BASELINE_SCHEME, parse_scheme_spec
+from depthlab.store.checkpoint import list_checkpoints
+from depthlab.train import train
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class CompareConfig:
-    schemes: list[str]  # scheme variants, e.g. ["pre", "lns", "lns:position=after-branch"]; BASELINE_SCHEME: deltas
-    preset: str = "tiny"  # model preset shared by every run (an LM or a ViT preset)
-    model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields to change (not scheme)
-    seeds: list[int] = field(default_factory=lambda: [0])  # one run per scheme and seed
-    train: TrainConfig = field(default_factory=TrainConfig)  # shared training settings (seed set per run)
-    diagnose: DiagnoseOptions = field(default_factory=lambda: DiagnoseOptions(tokens=16384, progress=False))
-    downstream: Downstream = field(default_factory=Downstream)  # --finetune / --eval (compare.downstream)
-
-    def validate(self) -> None:
-        if not self.schemes:
-            raise DepthlabError(f"no schemes to compare; {choices(SCHEMES)}")
-        labels = [spec.label for spec in self.specs()]  # unknown schemes / options fail here, in one line
-        dupes = sorted({s for s in labels if labels.count(s) > 1})
-        if dupes:
-            raise DepthlabError(f"scheme variant(s) listed twice: {', '.join(dupes)}; list each variant once "
-                                "(options at their defaults are the plain scheme)")
-        if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
-            raise DepthlabError(f"seeds must be distinct and non-empty, got {self.seeds}")
-        family_of_preset(self.preset)  # an unknown preset names every known one
-        if "scheme" in self.model_overrides:
-            raise DepthlabError("model_overrides may not set 'scheme': list schemes in `schemes`")
-        if self.train.steps is not None and self.train.steps < 1:
-            raise DepthlabError(f"steps must be a positive integer, got {self.train.steps}")
-        for scheme in self.schemes:  # every model config must be valid before anything is trained
-            model_cfg = self.model_config(scheme)
-            train_family(model_cfg).resolve_train(self.train, model_cfg)
-        self.downstream.validate(family_of(self.model_config(self.schemes[0])).name)
-
-    def specs(self) -> list[SchemeSpec]:
-        return [parse_scheme_spec(s) for s in self.schemes]
-
-    def model_config(self, scheme: str):
-        """The model of one scheme variant (``lns:position=after-branch``): preset, overrides, the variant's options."""
-        return from_preset(self.preset, **self.model_overrides, scheme=parse_scheme_spec(scheme))
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["diagnose"].pop("progress", None)  # display only
-        if not self.downstream.active:
-            d.pop("downstream")  # settings of compares without it stay as they were (resume)
-        return d
 
 
 def run_name(scheme: str, seed: int) -> str:
@@ -172,9 +124,9 @@ def aggregate(rows: list[dict[str, Any]], schemes: list[str]) -> list[dict[str, 
 
 
 def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, command: str | None = None,
-            on_run: Callable[[str, int, dict], None] | None = None, jobs: int = 1) -> dict[str, Any]:
+            on_run: Callable[[str, int, dict], None] | None = None) -> dict[str, Any]:
     """Train + diagnose every (scheme, seed) into ``out_dir`` and write the side-by-side report;
-    ``jobs`` runs at a time (``depthlab.compare.parallel``).
+    ``cfg.jobs`` runs at a time (``depthlab.compare.parallel``).
 
     Reuses whatever a previous, interrupted call with the same settings finished."""
     cfg.validate()
@@ -193,7 +145,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
 
     todo = [(sc, seed, out / "runs" / run_dirname(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes
             if not (out / "runs" / run_dirname(sc, seed) / "diagnostics" / "report.json").is_file()]
-    run_in_parallel(train_and_diagnose, cfg, todo, jobs, command)
+    run_in_parallel(train_and_diagnose, cfg, todo, cfg.jobs, command)
     rows, runs = [], {}
     for seed in cfg.seeds:
         for scheme in cfg.schemes:

@@ -6,28 +6,7 @@
         ...  # LongTensor (B, 256) of held-out text
 """
 
-from depthlab.data.batches import (
-    IGNORE_INDEX,
-    EvalBatches,
-    TokenSequences,
-    eval_token_batches,
-    inputs_and_labels,
-    is_shard_dir,
-    load_sequences,
-    pack_tokens,
-    pad_tokens,
-    shard_meta,
-    write_shards,
-)
-from depthlab.data.corpora import BUILTIN_VAL_BOOKS, VAL_FRACTION, builtin_path, is_val_document, iter_documents
-from depthlab.data.tokenizers import (
-    ByteTokenizer,
-    Tokenizer,
-    build_tokenizer,
-    check_tokenizer_spec,
-    default_cache_dir,
-    load_tokenizer,
-)
+from depthlab._lazy import lazy_exports
 
 DEFAULT_TOKENIZER = "bpe:4096"  # for --data builtin and local corpora: small vocab, cached
 
@@ -37,3 +16,14 @@ __all__ = [
     "write_shards", "shard_meta", "is_shard_dir", "check_tokenizer_spec", "default_cache_dir", "builtin_path",
     "is_val_document", "BUILTIN_VAL_BOOKS", "VAL_FRACTION", "IGNORE_INDEX", "DEFAULT_TOKENIZER",
 ]
+
+__getattr__ = lazy_exports(__name__, {
+    **dict.fromkeys((
+        "IGNORE_INDEX", "EvalBatches", "TokenSequences", "eval_token_batches", "inputs_and_labels",
+        "is_shard_dir", "load_sequences", "pack_tokens", "pad_tokens", "shard_meta", "write_shards"), "depthlab.data.batches"),
+    **dict.fromkeys((
+        "BUILTIN_VAL_BOOKS", "VAL_FRACTION", "builtin_path", "is_val_document", "iter_documents"), "depthlab.data.corpora"),
+    **dict.fromkeys((
+        "ByteTokenizer", "Tokenizer", "build_tokenizer", "check_tokenizer_spec", "default_cache_dir",
+        "load_tokenizer"), "depthlab.data.tokenizers"),
+})

@@ -11,16 +11,7 @@ Lower level: :class:`ResidualCapture` (hooks reading the residual stream, replay
 :func:`block_jacobians`.
 """
 
-from depthlab.diagnostics.angular import AngularAccumulator, adjacent, pair_matrix_to_layout
-from depthlab.diagnostics.capture import LayerCall, ResidualCapture, find_layers
-from depthlab.diagnostics.jacobian import block_jacobian, block_jacobians
-from depthlab.diagnostics.mc import MCAccumulator, MCItem, load_mc
-from depthlab.diagnostics.removal import RemovalAccumulator, joint_removal_loss, nll_sum
-from depthlab.diagnostics.report import render_html, write_report
-from depthlab.diagnostics.runner import DiagnoseOptions, diagnose
-from depthlab.diagnostics.summary import removable_blocks, summary_sentence
-from depthlab.diagnostics.variance import VarianceAccumulator
-from depthlab.targets import SHORT_NAMES, Target, load_target
+from depthlab._lazy import lazy_exports
 
 __all__ = [
     "SHORT_NAMES",
@@ -48,3 +39,16 @@ __all__ = [
     "summary_sentence",
     "write_report",
 ]
+
+__getattr__ = lazy_exports(__name__, {
+    **dict.fromkeys(("AngularAccumulator", "adjacent", "pair_matrix_to_layout"), "depthlab.diagnostics.angular"),
+    **dict.fromkeys(("LayerCall", "ResidualCapture", "find_layers"), "depthlab.diagnostics.capture"),
+    **dict.fromkeys(("block_jacobian", "block_jacobians"), "depthlab.diagnostics.jacobian"),
+    **dict.fromkeys(("MCAccumulator", "MCItem", "load_mc"), "depthlab.diagnostics.mc"),
+    **dict.fromkeys(("RemovalAccumulator", "joint_removal_loss", "nll_sum"), "depthlab.diagnostics.removal"),
+    **dict.fromkeys(("render_html", "write_report"), "depthlab.diagnostics.report"),
+    **dict.fromkeys(("DiagnoseOptions", "diagnose"), "depthlab.diagnostics.runner"),
+    **dict.fromkeys(("removable_blocks", "summary_sentence"), "depthlab.diagnostics.summary"),
+    "VarianceAccumulator": "depthlab.diagnostics.variance",
+    **dict.fromkeys(("SHORT_NAMES", "Target", "load_target"), "depthlab.targets"),
+})

@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import json
 import logging
-import math
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -15,22 +14,10 @@ import numpy as np
 
 from depthlab.htmlpage import img, page
 from depthlab.htmlpage import kv_table as _kv
+from depthlab.jsonio import json_safe
 from depthlab.provenance import versions
 
 log = logging.getLogger(__name__)
-
-
-def _clean(x: Any) -> Any:
-    """JSON-safe: NaN/inf -> None, tuples -> lists, numpy -> python."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (np.floating, np.integer)):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
@@ -77,7 +64,7 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
     if mats:
         np.savez_compressed(out / "jacobians.npz", **{f"block_{l}": np.asarray(m) for l, m in mats.items()})
         report["jacobian"]["matrices_file"] = "jacobians.npz"
-    (out / "report.json").write_text(json.dumps(_clean(report), indent=1) + "\n")
+    (out / "report.json").write_text(json.dumps(json_safe(report), indent=1) + "\n")
     path = out / "report.html"
     path.write_text(render_html(report, out))
     log.info("wrote %s", path)

@@ -23,6 +23,7 @@ from depthlab.diagnostics.angular import AngularAccumulator, adjacent, pair_matr
 from depthlab.diagnostics.capture import capture_of
 from depthlab.diagnostics.jacobian import block_jacobians
 from depthlab.diagnostics.mc import MCAccumulator, load_mc
+from depthlab.diagnostics.options import DiagnoseOptions
 from depthlab.diagnostics.removal import RemovalAccumulator, joint_removal_loss, nll_sum
 from depthlab.diagnostics.summary import removable_blocks, summary_sentence
 from depthlab.diagnostics.variance import VarianceAccumulator
@@ -32,29 +33,6 @@ from depthlab.progress import progress
 from depthlab.targets.target import Target
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class DiagnoseOptions:
-    data: str = "builtin"  # a depthlab data spec (builtin, file, dir, glob, hf:NAME)
-    split: str = "auto"  # val | all | train; auto: val for builtin data and depthlab runs, else all
-    tokens: int = 16384  # evaluation tokens (model inputs), rounded up to whole sequences
-    seq_len: int = 256  # tokens per sequence
-    batch_size: int = 8  # sequences per forward
-    removal: bool = True  # the layer-removal sweep (causal LMs only)
-    jacobian: bool = True  # block Jacobians
-    jac_samples: int = 4  # sampled tokens per block
-    jac_context: int = 32  # sampled positions lie in [0, jac_context): the cost grows with it
-    jac_layers: list[int] | None = None  # blocks (1-based) to differentiate; None = all
-    heatmap_layers: list[int] | None = None  # blocks whose mean Jacobian is drawn; None = 4 spread out
-    heatmap_dims: int = 64  # top-left corner of the D x D matrix shown
-    mc: str | None = None  # multiple-choice task as `evaluate` takes it (.jsonl, builtin-mc, hf:NAME)
-    mc_limit: int | None = None  # first N items only
-    loss_budget: float = 0.1  # nats of held-out loss one may lose by removing blocks
-    identity_threshold: float = 0.1  # adjacent angular distance below which a block counts as near-identity
-    joint_check: bool = True  # verify the removable set by removing it jointly (a few extra passes)
-    seed: int = 0
-    progress: bool = True
 
 
 def _tqdm(total: int | None, desc: str, enabled: bool, unit: str = "it"):
@@ -68,7 +46,7 @@ def _split(opts: DiagnoseOptions, target: Target) -> str:
     return "val" if opts.data == "builtin" or str(target.info.get("source", "")).startswith("depthlab run") else "all"
 
 
-class _Batches:
+class TextBatches:
     """Re-iterable (inputs, labels) pairs over held-out text, via depthlab.data."""
 
     def __init__(self, target: Target, opts: DiagnoseOptions) -> None:
@@ -109,7 +87,7 @@ def diagnose(target: Target, opts: DiagnoseOptions | None = None, command: str |
     t0 = time.time()
     cap = capture_of(target)
     L = cap.n_layers
-    batches = target.batches_for(opts) if target.batches_for is not None else _Batches(target, opts)
+    batches = target.batches_for(opts) if target.batches_for is not None else TextBatches(target, opts)
     streamed = _stream(cap, batches, target, opts)
     report = _stream_report(streamed, target, opts, batches, command)
     if opts.mc and target.causal and target.tokenizer is not None:
@@ -138,7 +116,7 @@ class _Streamed:
     base_count: int = 0
 
 
-def _stream(cap, batches: _Batches, target: Target, opts: DiagnoseOptions) -> _Streamed:
+def _stream(cap, batches: TextBatches, target: Target, opts: DiagnoseOptions) -> _Streamed:
     """Per batch: one captured forward, the angular / variance accumulators, the removal sweep (or
     the plain loss); keeps a few input rows for the Jacobians. Raises when the data gave nothing."""
     L = cap.n_layers
@@ -170,7 +148,7 @@ def _stream(cap, batches: _Batches, target: Target, opts: DiagnoseOptions) -> _S
     return acc
 
 
-def _stream_report(acc: _Streamed, target: Target, opts: DiagnoseOptions, batches: _Batches,
+def _stream_report(acc: _Streamed, target: Target, opts: DiagnoseOptions, batches: TextBatches,
                    command: str | None) -> dict[str, Any]:
     """The report's model, data, angular, variance, removal and loss sections."""
     mean = acc.angular.mean()

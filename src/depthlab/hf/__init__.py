@@ -1,25 +1,6 @@
 """Hugging Face interop: load HF decoders into depthlab, export depthlab models as vanilla HF."""
 
-from depthlab.hf.convert import (
-    SUPPORTED_MODEL_TYPES,
-    config_from_hf,
-    exportable_schemes,
-    folded_state_dict,
-    from_hf,
-    hf_config_for,
-    load_hf_model,
-    to_hf,
-    to_hf_model,
-)
-from depthlab.hf.lns import SUPPORTED_MODEL_TYPES as LNS_SUPPORTED_MODEL_TYPES
-from depthlab.hf.lns import (
-    apply_layernorm_scaling,
-    fold_layernorm_scaling,
-    is_layernorm_scaled,
-    layernorm_scaling_marker,
-    load,
-    remove_layernorm_scaling,
-)
+from depthlab._lazy import lazy_exports
 
 __all__ = [
     "from_hf", "to_hf", "to_hf_model", "config_from_hf", "hf_config_for", "load_hf_model",
@@ -27,3 +8,13 @@ __all__ = [
     "apply_layernorm_scaling", "remove_layernorm_scaling", "fold_layernorm_scaling", "is_layernorm_scaled",
     "layernorm_scaling_marker", "load", "LNS_SUPPORTED_MODEL_TYPES",
 ]
+
+__getattr__ = lazy_exports(__name__, {
+    "LNS_SUPPORTED_MODEL_TYPES": "depthlab.hf.lns:SUPPORTED_MODEL_TYPES",
+    **dict.fromkeys((
+        "SUPPORTED_MODEL_TYPES", "config_from_hf", "exportable_schemes", "folded_state_dict", "from_hf",
+        "hf_config_for", "load_hf_model", "to_hf", "to_hf_model"), "depthlab.hf.convert"),
+    **dict.fromkeys((
+        "apply_layernorm_scaling", "fold_layernorm_scaling", "is_layernorm_scaled",
+        "layernorm_scaling_marker", "load", "remove_layernorm_scaling"), "depthlab.hf.lns"),
+})

@@ -1,11 +1,19 @@
-"""Building blocks of the models: norms, attention, MLP, residual blocks. No config, no scheme names."""
+"""Building blocks of the models: norms, attention, MLP, residual blocks, init rules. No config, no scheme
+names. Imported lazily (the registry names these classes without loading torch; a model build loads them)."""
 
-from depthlab.nn.attention import Attention, RotaryEmbedding
-from depthlab.nn.blocks import PostNormBlock, PreNormBlock
-from depthlab.nn.mlp import GeluMLP, SwiGLU
-from depthlab.nn.norms import ChannelGain, GroupLayerNorm, GroupRMSNorm, LayerNorm, RMSNorm, ScalarGain, Scale
+from depthlab._lazy import lazy_exports
 
 __all__ = [
     "Attention", "RotaryEmbedding", "SwiGLU", "GeluMLP", "RMSNorm", "GroupRMSNorm", "LayerNorm", "GroupLayerNorm",
-    "Scale", "ScalarGain", "ChannelGain", "PreNormBlock", "PostNormBlock",
+    "Scale", "ScalarGain", "ChannelGain", "PreNormBlock", "PostNormBlock", "DyT", "Identity",
 ]
+
+__getattr__ = lazy_exports(__name__, {
+    "Identity": "torch.nn:Identity",  # an off slot
+    "DyT": "depthlab.nn.dyt",
+    **dict.fromkeys(("Attention", "RotaryEmbedding"), "depthlab.nn.attention"),
+    **dict.fromkeys(("PostNormBlock", "PreNormBlock"), "depthlab.nn.blocks"),
+    **dict.fromkeys(("GeluMLP", "SwiGLU"), "depthlab.nn.mlp"),
+    **dict.fromkeys((
+        "ChannelGain", "GroupLayerNorm", "GroupRMSNorm", "LayerNorm", "RMSNorm", "ScalarGain", "Scale"), "depthlab.nn.norms"),
+})

@@ -8,18 +8,17 @@ other module with parameters (norm weights, DyT, learnable gains) reset by its o
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # the registry names these rules without loading torch; they run on built models
+    from torch import nn
 
-from depthlab.nn.mlp import GeluMLP, SwiGLU
-
-InitRule = Callable[[nn.Module], None]
+InitRule = Callable[["nn.Module"], None]
 
 
-@torch.no_grad()
 def _base(model: nn.Module, std: float) -> None:
+    from torch import nn
+
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -31,6 +30,8 @@ def _base(model: nn.Module, std: float) -> None:
 
 def ffn_out_projections(ffn: nn.Module) -> list[nn.Linear]:
     """The feed-forward's output projection(s): SwiGLU ``down_proj``, GELU MLP ``fc2``."""
+    from depthlab.nn.mlp import GeluMLP, SwiGLU
+
     if isinstance(ffn, SwiGLU):
         return [ffn.down_proj]
     if isinstance(ffn, GeluMLP):
@@ -40,6 +41,8 @@ def ffn_out_projections(ffn: nn.Module) -> list[nn.Linear]:
 
 def ffn_in_projections(ffn: nn.Module) -> list[nn.Linear]:
     """The feed-forward's input projection(s): SwiGLU ``gate_proj`` and ``up_proj``, GELU MLP ``fc1``."""
+    from depthlab.nn.mlp import GeluMLP, SwiGLU
+
     if isinstance(ffn, SwiGLU):
         return [ffn.gate_proj, ffn.up_proj]
     if isinstance(ffn, GeluMLP):
@@ -56,9 +59,10 @@ def init_normal(model: nn.Module) -> None:
     _base(model, model.cfg.init_std)
 
 
-@torch.no_grad()
 def init_scaled(model: nn.Module) -> None:
     """GPT-2 / Megatron: output projections ~ N(0, std / sqrt(2L))."""
+    from torch import nn
+
     init_normal(model)
     std = model.cfg.init_std / math.sqrt(2 * model.cfg.n_layers)
     for block in model.blocks:
@@ -66,9 +70,10 @@ def init_scaled(model: nn.Module) -> None:
             nn.init.normal_(lin.weight, mean=0.0, std=std)
 
 
-@torch.no_grad()
 def init_depth_scaled(model: nn.Module) -> None:
     """Zhang et al. 2019: output projections of block l ~ N(0, std / sqrt(2l))."""
+    from torch import nn
+
     init_normal(model)
     for block in model.blocks:
         std = model.cfg.init_std / math.sqrt(2 * block.layer)
@@ -81,9 +86,10 @@ def deepnorm_beta(n_layers: int) -> float:
     return (8.0 * n_layers) ** -0.25
 
 
-@torch.no_grad()
 def init_deepnorm(model: nn.Module) -> None:
     """DeepNet: xavier normal with gain beta=(8L)^-1/4 on v, o and FFN weights; gain 1 on q, k."""
+    from torch import nn
+
     init_normal(model)
     beta = deepnorm_beta(model.cfg.n_layers)
     for block in model.blocks:

@@ -10,21 +10,19 @@ Pieces: :mod:`~depthlab.prune.select` (which blocks: greedy removal, angular-blo
 models and run directories), :mod:`~depthlab.prune.report` (prune.json, report.html).
 """
 
-from depthlab.prune.export import PRUNABLE_MODEL_TYPES, drop_layers, verify_export, write_hf
-from depthlab.prune.heal import HEAL_MODES, HealOptions, heal
-from depthlab.prune.pipeline import PruneOptions, check_options, prune_model, prune_target
-from depthlab.prune.select import (
-    METHODS,
-    Selection,
-    angular_block,
-    greedy_removal,
-    lowest_influence,
-    select_blocks,
-    survey_model,
-)
+from depthlab._lazy import lazy_exports
 
 __all__ = [
     "HEAL_MODES", "METHODS", "PRUNABLE_MODEL_TYPES", "HealOptions", "PruneOptions", "Selection", "angular_block",
     "check_options", "drop_layers", "greedy_removal", "heal", "lowest_influence", "prune_model", "prune_target",
     "select_blocks", "survey_model", "verify_export", "write_hf",
 ]
+
+__getattr__ = lazy_exports(__name__, {
+    **dict.fromkeys(("PRUNABLE_MODEL_TYPES", "drop_layers", "verify_export", "write_hf"), "depthlab.prune.export"),
+    **dict.fromkeys(("HEAL_MODES", "HealOptions", "heal"), "depthlab.prune.heal"),
+    **dict.fromkeys(("PruneOptions", "check_options", "prune_model", "prune_target"), "depthlab.prune.pipeline"),
+    **dict.fromkeys((
+        "METHODS", "Selection", "angular_block", "greedy_removal", "lowest_influence", "select_blocks",
+        "survey_model"), "depthlab.prune.select"),
+})

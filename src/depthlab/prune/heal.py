@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,25 +24,11 @@ from torch import nn
 from depthlab.errors import DepthlabError, choices
 from depthlab.model import IGNORE_INDEX
 from depthlab.prune.export import lm_logits
+from depthlab.prune.options import HEAL_MODES, HealOptions
 
 log = logging.getLogger(__name__)
 
-HEAL_MODES = ("full", "lora")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@dataclass
-class HealOptions:
-    data: str = "builtin"  # a depthlab data spec; its train split is used
-    steps: int = 0
-    mode: str = "full"  # full | lora
-    lr: float = 1e-4
-    batch_size: int = 8
-    seq_len: int = 256
-    warmup: int = 10  # steps of linear warm-up
-    lora_rank: int = 16
-    seed: int = 0
-    progress: bool = True
 
 
 def check_heal(opts: HealOptions) -> None:

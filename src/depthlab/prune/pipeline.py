@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,27 +32,13 @@ from depthlab.prune.export import (
     verify_export,
     write_hf,
 )
-from depthlab.prune.heal import HealOptions, check_heal, heal
+from depthlab.prune.heal import check_heal, heal
+from depthlab.prune.options import PruneOptions
 from depthlab.prune.select import Selection, Survey, check_blocks, check_method, select_blocks, survey_model
 from depthlab.targets.layers import find_layers
 from depthlab.targets.target import Target
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class PruneOptions:
-    method: str = "removal"  # removal | angular-block | influence (ignored when ``blocks`` is given)
-    remove: int | None = None  # how many blocks to remove
-    budget: float | None = None  # or: the most blocks within this many nats of extra held-out loss
-    blocks: list[int] | None = None  # or: exactly these blocks (1-based)
-    data: str = "builtin"  # held-out text (its val split) for choosing and evaluating; train split for healing
-    tokens: int = 2048  # held-out tokens
-    seq_len: int = 256
-    batch_size: int = 8
-    heal: HealOptions = field(default_factory=HealOptions)
-    latency_tokens: int = 16  # new tokens generated for the latency measurement
-    progress: bool = True
 
 
 def check_options(opts: PruneOptions, n_layers: int) -> None:
@@ -73,10 +59,10 @@ def check_options(opts: PruneOptions, n_layers: int) -> None:
     check_heal(opts.heal)
 
 
-def _held_out(target: Target, opts: PruneOptions):
-    from depthlab.diagnostics.runner import DiagnoseOptions, _Batches
+def held_out_batches(target: Target, opts: PruneOptions):
+    from depthlab.diagnostics.runner import DiagnoseOptions, TextBatches
 
-    return _Batches(target, DiagnoseOptions(data=opts.data, split="val", tokens=opts.tokens, seq_len=opts.seq_len,
+    return TextBatches(target, DiagnoseOptions(data=opts.data, split="val", tokens=opts.tokens, seq_len=opts.seq_len,
                                             batch_size=opts.batch_size))
 
 
@@ -149,7 +135,7 @@ def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: s
     check_prunable(target.model)
     L = len(find_layers(target.model))
     check_options(opts, L)
-    batches = _held_out(target, opts)
+    batches = held_out_batches(target, opts)
     before, sel = choose(target, opts, batches)
     ids = _probe_ids(batches)
     original_hf = hf_model_of(target.model)

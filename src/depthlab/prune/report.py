@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from depthlab.diagnostics.angular import pair_matrix_to_layout
-from depthlab.diagnostics.report import _clean
 from depthlab.diagnostics.summary import ranges
 from depthlab.htmlpage import esc, img, kv_table, page, table
+from depthlab.jsonio import json_safe
 from depthlab.provenance import versions
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ def _jsonable(report: dict[str, Any]) -> dict[str, Any]:
                       for k, v in report["angular"].items()}
     out["angular"]["layout"] = "matrix[n-1][l-1] = d(x^l, x^{l+n}), mean arccos(cos)/pi over held-out tokens"
     out["versions"] = versions()
-    return _clean(out)
+    return json_safe(out)
 
 
 def summary_sentence(r: dict[str, Any]) -> str:

@@ -44,10 +44,10 @@ from depthlab.diagnostics.capture import ResidualCapture
 from depthlab.diagnostics.removal import joint_removal_loss, nll_sum
 from depthlab.errors import DepthlabError, choices
 from depthlab.model import IGNORE_INDEX
+from depthlab.prune.options import METHODS
 
 log = logging.getLogger(__name__)
 
-METHODS = ("removal", "angular-block", "influence")
 Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 
 

@@ -6,26 +6,7 @@
     report.py       run_theory: both, written to theory.json + theory.png; summary_lines for the CLI
 """
 
-from depthlab.theory.empirical import (
-    MAX_EMPIRICAL_DEPTH,
-    EmpiricalSetup,
-    jacobian_rms_gains,
-    measure_empirical,
-    measure_scheme,
-)
-from depthlab.theory.recursions import (
-    RecursionParams,
-    fit_exponential,
-    fit_power_law,
-    gradient_bound,
-    growth_fits,
-    lns_variance,
-    paper_constants,
-    pre_ln_variance,
-    recursion_report,
-    upper_bound_log10,
-)
-from depthlab.theory.report import run_theory, summary_lines
+from depthlab._lazy import lazy_exports
 
 __all__ = [
     "MAX_EMPIRICAL_DEPTH",
@@ -46,3 +27,13 @@ __all__ = [
     "summary_lines",
     "upper_bound_log10",
 ]
+
+__getattr__ = lazy_exports(__name__, {
+    **dict.fromkeys((
+        "MAX_EMPIRICAL_DEPTH", "EmpiricalSetup", "jacobian_rms_gains", "measure_empirical", "measure_scheme"),
+        "depthlab.theory.empirical"),
+    **dict.fromkeys((
+        "RecursionParams", "fit_exponential", "fit_power_law", "gradient_bound", "growth_fits", "lns_variance",
+        "paper_constants", "pre_ln_variance", "recursion_report", "upper_bound_log10"), "depthlab.theory.recursions"),
+    **dict.fromkeys(("run_theory", "summary_lines"), "depthlab.theory.report"),
+})

@@ -6,11 +6,15 @@
     model, tokenizer, config = load_run("runs/lns")
 """
 
-from depthlab.store.checkpoint import find_checkpoint, list_checkpoints
-from depthlab.targets.runs import load_run
-from depthlab.train.config import TrainConfig
-from depthlab.train.loop import RESUME_KEYS, TrainingDiverged, train
-from depthlab.train.optim import lr_at
+from depthlab._lazy import lazy_exports
 
 __all__ = ["TrainConfig", "train", "load_run", "find_checkpoint", "list_checkpoints", "TrainingDiverged",
            "lr_at", "RESUME_KEYS"]
+
+__getattr__ = lazy_exports(__name__, {
+    **dict.fromkeys(("find_checkpoint", "list_checkpoints"), "depthlab.store.checkpoint"),
+    "load_run": "depthlab.targets.runs",
+    "TrainConfig": "depthlab.train.config",
+    **dict.fromkeys(("RESUME_KEYS", "TrainingDiverged", "train"), "depthlab.train.loop"),
+    "lr_at": "depthlab.train.optim",
+})

@@ -39,10 +39,10 @@ class TrainConfig(JsonConfig):
     warmup: float | None = None  # warm-up: a fraction of `steps` if < 1, else a number of steps
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio (paper 0.1)
     optimizer: str = "adam"  # adam | adamw (paper: Adam, weight decay 0)
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    adam_eps: float = 1e-8
+    weight_decay: float = 0.0  # decoupled (adamw) or L2 (adam) weight decay (paper: 0)
+    beta1: float = 0.9  # Adam beta1
+    beta2: float = 0.999  # Adam beta2
+    adam_eps: float = 1e-8  # Adam epsilon
     grad_clip: float | None = None  # max global grad norm; None = no clipping (paper)
     seed: int = 0  # fixes init and data order
     # ---- execution

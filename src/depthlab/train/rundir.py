@@ -11,7 +11,6 @@ tokenizer, model and :data:`RESUME_KEYS` settings (they fix the data order and t
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from depthlab.data import (
     shard_meta,
 )
 from depthlab.errors import DepthlabError
+from depthlab.jsonio import write_json_atomic
 from depthlab.provenance import command_line, versions
 from depthlab.store.integrity import data_fingerprint, fingerprint_change
 from depthlab.train import distributed as D
@@ -177,16 +177,6 @@ def run_config(run: RunSetup, command: str | None, world_size: int,
                                          {"command": config["command"], "changed": run.changed}]
         return resumed
     return config
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to a temporary file beside ``path``, fsync it, rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w") as f:
-        f.write(json.dumps(obj, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_run_dir(run: RunSetup, command: str | None, env: D.DistEnv,

@@ -1,0 +1,119 @@
+"""A comparison's settings: plain data, no torch (the command line derives its flags from these fields).
+
+    cfg = CompareConfig(schemes=["pre", "lns"], preset="tiny", train=TrainConfig(steps=300))
+    cfg.validate()        # every scheme variant, preset, model and training setting checked before any run
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from depthlab.diagnostics.options import DiagnoseOptions
+from depthlab.errors import DepthlabError, choices
+from depthlab.train.config import TrainConfig
+
+
+@dataclass
+class Downstream:
+    """Fine-tuning and evaluation settings shared by every run of a compare (None = the SFT defaults)."""
+
+    finetune: str | None = None  # SFT data for every run: builtin-sft | FILE.json | FILE.jsonl; None: no fine-tuning
+    tasks: str | None = None  # comma-separated tasks as for `depthlab evaluate` (FILE.jsonl, builtin-mc, hf:NAME)
+    steps: int | None = None  # fine-tuning steps (default: 3 epochs)
+    lr: float | None = None  # fine-tuning peak lr (default 1e-4)
+    batch_size: int | None = None  # fine-tuning batch in examples (default 16)
+    seq_len: int | None = None  # fine-tuning tokens per example (default 256)
+    limit: int | None = None  # score the first N items of each task
+    eval_batch_size: int = 16  # sequences per forward when scoring the tasks
+
+    @property
+    def active(self) -> bool:
+        return bool(self.finetune or self.tasks)
+
+    def validate(self, family: str = "lm") -> None:
+        """Bad data or task specs (or a model family without text, e.g. ViT) fail here, before
+        anything is trained."""
+        if self.active and family != "lm":
+            raise DepthlabError(f"--finetune / --eval need language models; this compare trains {family} models")
+        if self.finetune:
+            from depthlab.finetune.run import sft_records
+
+            sft_records(self.finetune)
+        if self.tasks:
+            from depthlab.evaluate import load_tasks
+
+            load_tasks(self.tasks, self.limit)
+        elif self.finetune:
+            raise DepthlabError("--finetune needs --eval TASKS to score the fine-tuned models on")
+        for name in ("steps", "batch_size", "seq_len", "limit"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise DepthlabError(f"downstream {name} must be positive, got {v}")
+
+    def train_config(self, device: str | None, seed: int) -> TrainConfig:
+        return TrainConfig(data=self.finetune, steps=self.steps, lr=self.lr, batch_size=self.batch_size,
+                           seq_len=self.seq_len, seed=seed, device=device, pack=False, eval_every=0, variance_every=0)
+
+
+@dataclass
+class CompareConfig:
+    """Every (scheme variant, seed) run is trained with ``train``, diagnosed with ``diagnose`` and, when
+    ``downstream`` is active, fine-tuned and evaluated; only the scheme differs between runs of a seed."""
+
+    schemes: list[str]  # scheme variants, e.g. ["pre", "lns", "lns:position=after-branch"]; BASELINE_SCHEME: deltas
+    preset: str = "tiny"  # model preset shared by every run (an LM or a ViT preset)
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields to change (not scheme)
+    seeds: list[int] = field(default_factory=lambda: [0])  # one run per scheme and seed
+    jobs: int = 1  # runs trained side by side, the machine's cores split between them
+    train: TrainConfig = field(default_factory=TrainConfig)  # shared training settings (seed set per run)
+    diagnose: DiagnoseOptions = field(default_factory=lambda: DiagnoseOptions(tokens=16384, progress=False))
+    downstream: Downstream = field(default_factory=Downstream)  # --finetune / --eval (compare.downstream)
+
+    def validate(self) -> None:
+        from depthlab.families import family_of, family_of_preset
+        from depthlab.schemes import SCHEMES
+        from depthlab.train.family import train_family
+
+        if not self.schemes:
+            raise DepthlabError(f"no schemes to compare; {choices(SCHEMES)}")
+        labels = [spec.label for spec in self.specs()]  # unknown schemes / options fail here, in one line
+        dupes = sorted({s for s in labels if labels.count(s) > 1})
+        if dupes:
+            raise DepthlabError(f"scheme variant(s) listed twice: {', '.join(dupes)}; list each variant once "
+                                "(options at their defaults are the plain scheme)")
+        if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
+            raise DepthlabError(f"seeds must be distinct and non-empty, got {self.seeds}")
+        family_of_preset(self.preset)  # an unknown preset names every known one
+        if "scheme" in self.model_overrides:
+            raise DepthlabError("model_overrides may not set 'scheme': list schemes in `schemes`")
+        if self.train.steps is not None and self.train.steps < 1:
+            raise DepthlabError(f"steps must be a positive integer, got {self.train.steps}")
+        if not isinstance(self.jobs, int) or self.jobs < 1:
+            raise DepthlabError(f"jobs must be a positive integer, got {self.jobs!r}")
+        for spec in self.specs():  # every model config must be valid before anything is trained
+            model_cfg = self.model_config(spec)
+            train_family(model_cfg).resolve_train(self.train, model_cfg)
+        self.downstream.validate(family_of(self.model_config(self.schemes[0])).name)
+
+    def specs(self) -> list[Any]:
+        """The scheme variants, each parsed once by the registry (:class:`depthlab.schemes.SchemeSpec`)."""
+        from depthlab.schemes import parse_scheme_spec
+
+        return [parse_scheme_spec(s) for s in self.schemes]
+
+    def model_config(self, scheme: Any) -> Any:
+        """The model of one scheme variant (a SchemeSpec or ``lns:position=after-branch``): the preset, the
+        overrides and the variant's options."""
+        from depthlab.configure import from_preset
+
+        return from_preset(self.preset, **self.model_overrides, scheme=scheme)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["diagnose"].pop("progress", None)  # display only
+        d.pop("jobs")  # how runs are scheduled, not what they are (a compare may resume with other --jobs)
+        if not self.downstream.active:
+            d.pop("downstream")  # settings of compares without it stay as they were (resume)
+        return d
