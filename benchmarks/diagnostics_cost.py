@@ -42,7 +42,7 @@ def timed(fn, dev, repeats):
     return best
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--scheme", default="pre")
@@ -52,15 +52,13 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    dev = torch.device(args.device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    torch.manual_seed(0)
-    cfg = d.from_preset(args.preset, scheme=args.scheme)
-    model = d.build_model(cfg).to(dev, dtype).eval()
+    return ap.parse_args()
+
+
+def workloads(model, cfg, batches):
+    """The four timed passes: the prefix-reusing removal sweep, the naive delete-and-rerun sweep, a plain
+    forward, and the angular pass."""
     L = cfg.n_layers
-    n_batches = max(1, args.tokens // (args.seq_len * args.batch_size))
-    batches = [torch.randint(cfg.vocab_size, (args.batch_size, args.seq_len + 1), device=dev) for _ in range(n_batches)]
     cap = ResidualCapture(model, find_layers(model), lambda x: model(x).logits)
 
     @torch.no_grad()
@@ -96,6 +94,20 @@ def main() -> None:
             acc.update(states)
         return acc.mean()
 
+    return sweep, naive, plain, angular
+
+
+def main() -> None:
+    args = parse_args()
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    cfg = d.from_preset(args.preset, scheme=args.scheme)
+    model = d.build_model(cfg).to(dev, dtype).eval()
+    L = cfg.n_layers
+    n_batches = max(1, args.tokens // (args.seq_len * args.batch_size))
+    batches = [torch.randint(cfg.vocab_size, (args.batch_size, args.seq_len + 1), device=dev) for _ in range(n_batches)]
+    sweep, naive, plain, angular = workloads(model, cfg, batches)
     # the two sweeps agree (sanity) before timing
     fast = sweep()
     base, slow = naive()

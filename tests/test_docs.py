@@ -24,6 +24,6 @@ def test_nothing_cites_a_file_outside_the_repository():
     assert not bad, bad
 
 
-def test_readme_is_in_sync_with_the_code():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "update_readme.py"), "--check"], cwd=ROOT)
-    assert out.returncode == 0, "run: python scripts/update_readme.py"
+def test_generated_docs_are_in_sync_with_the_code():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "update_docs.py"), "--check"], cwd=ROOT)
+    assert out.returncode == 0, "run: python scripts/update_docs.py"

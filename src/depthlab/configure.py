@@ -55,8 +55,7 @@ def configure(base: SchemedConfig, **overrides: Any) -> SchemedConfig:
             where = f"an option of schemes {', '.join(takers)}" if takers else "an option of any scheme"
             raise ConfigError(f"unknown setting {key!r} (= {value!r}) for scheme {cfg.scheme!r}: not a "
                               f"{type(base).__name__} field ({', '.join(sorted(fields))}), and {where}")
-    options = {**cfg.scheme_options, **own}
-    return checked(dataclasses.replace(cfg, scheme_options=scheme.canonical(options)))
+    return checked(dataclasses.replace(cfg, scheme_options={**cfg.scheme_options, **own}))
 
 
 def _is_foreign_default(key: str, value: Any) -> bool:
