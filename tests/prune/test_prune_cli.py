@@ -148,7 +148,7 @@ def test_a_budget_no_block_fits_is_refused(tmp_path, capsys, monkeypatch):
     hf, _, batches = _model_with_identity_blocks([])
     hf.save_pretrained(tmp_path / "m")
     byte_tokenizer().save_pretrained(tmp_path / "m")
-    monkeypatch.setattr(pipeline, "_held_out", lambda target, opts: _Fixed(batches))
+    monkeypatch.setattr(pipeline, "held_out_batches", lambda target, opts: _Fixed(batches))
     out = tmp_path / "out"
     for method in ("removal", "influence", "angular-block"):
         _exit_2(["prune", str(tmp_path / "m"), "--budget", "1e-9", "--method", method, "--out", str(out), *FAST],
