@@ -92,3 +92,16 @@ def test_the_layer_check_catches_package_cycles_and_upward_imports():
     assert "in no layer" in C.layer_violations({"depthlab.newpkg.x": set()})[0]
     picture = C.draw(C.import_graph())
     assert picture.index(" cli ") < picture.index(" train ") < picture.index(" config ")  # top layer first
+
+
+def test_a_scheme_has_one_colour_in_every_figure_and_report():
+    """pre blue and lns orange whatever the order a figure lists them in; registry schemes and the paper's
+    Table 8 variants all distinct; the same label always gets the same colour (no per-figure enumeration)."""
+    from depthlab.plots._base import scheme_color
+    from depthlab.schemes import SCHEMES
+
+    assert (scheme_color("pre"), scheme_color("lns")) == ("#1f77b4", "#ff7f0e")
+    variants = [f"lns:position={p}" for p in ("before-norm", "after-branch", "after-residual", "attn-only", "ffn-only")]
+    names = [*SCHEMES, *variants]
+    assert len({scheme_color(n) for n in names}) == len(names)
+    assert [scheme_color(n) for n in reversed(names)] == [scheme_color(n) for n in names][::-1]

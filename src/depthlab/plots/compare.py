@@ -10,14 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from depthlab.plots._base import colormap, save, subplots, ticks
+from depthlab.plots._base import colormap, save, scheme_color, subplots, ticks
 
 Curve = tuple[Sequence[int], Sequence[float]]
 
 
-def _colors(names) -> dict[str, tuple]:
-    cmap = colormap("tab10")
-    return {name: cmap(i % 10) for i, name in enumerate(names)}
+def _colors(names) -> dict[str, str]:
+    return {name: scheme_color(name) for name in names}
 
 
 def loss_curves(train: Mapping[str, Curve], evals: Mapping[str, Curve], path: str | Path) -> Path:

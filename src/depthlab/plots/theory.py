@@ -8,10 +8,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.axes import Axes
 
-from depthlab.plots._base import save, subplots
+from depthlab.plots._base import save, scheme_color, subplots
 from depthlab.schemes import SCHEMES
-
-PALETTE = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd")  # curves in the order given (the baseline first)
 
 
 def _label(name: str) -> str:
@@ -21,9 +19,9 @@ def _label(name: str) -> str:
 
 def _curves(ax: Axes, x: Mapping[str, Sequence[float]] | Sequence[float], ys: Mapping[str, Sequence[float]],
             marker: str | None = None) -> None:
-    for i, (name, y) in enumerate(ys.items()):
+    for name, y in ys.items():
         xs = x[name] if isinstance(x, Mapping) else x
-        ax.plot(xs, y, color=PALETTE[i % len(PALETTE)], label=_label(name), marker=marker, ms=4, lw=1.8)
+        ax.plot(xs, y, color=scheme_color(name), label=_label(name), marker=marker, ms=4, lw=1.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.25)
