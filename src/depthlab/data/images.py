@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from depthlab.data.batches import SeededOrder
 from depthlab.errors import DepthlabError, first_line
+from depthlab.extras import needs
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -86,7 +87,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.Tensor
     try:
         from sklearn.datasets import load_digits as sk_digits
     except ImportError as err:
-        raise DepthlabError("the 'digits' data needs scikit-learn: pip install scikit-learn") from err
+        raise needs("the 'digits' data", "vit") from err
     ds = sk_digits()
     x = torch.tensor(ds.images, dtype=torch.float32).unsqueeze(1) / 16.0
     return x, torch.tensor(ds.target, dtype=torch.long), [str(c) for c in ds.target_names]
@@ -131,7 +132,7 @@ def load_hf_images(name: str, image_size: int, channels: int, limit: int | None 
     try:
         import datasets
     except ImportError as err:
-        raise DepthlabError(f"hf:{name} needs the 'datasets' package: pip install datasets") from err
+        raise needs(f"hf:{name}", "hf-data") from err
     try:
         ds = datasets.load_dataset(name, split="train")
     except Exception as err:  # noqa: BLE001 - offline, unknown name, ...: one line for the user

@@ -13,6 +13,7 @@ from depthlab.data.builtin_tasks import BUILTIN_TASKS, builtin_task
 from depthlab.data.tasks import Task, load_task_file, parse_rows
 from depthlab.errors import DepthlabError, choices, first_line
 from depthlab.evaluate.scoring import score_generate, score_loglik
+from depthlab.extras import needs
 from depthlab.provenance import versions
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ def _hf_task(spec: str, limit: int | None) -> Task:
     try:
         import datasets
     except ImportError:
-        raise DepthlabError(f"task {spec!r} needs the 'datasets' library (pip install 'depthlab[hf-data]')") from None
+        raise needs(f"task {spec!r}", "hf-data") from None
     try:
         ds = datasets.load_dataset(name, config or None, split=split or "validation")
     except Exception as err:  # noqa: BLE001 - offline, unknown name, ...: one line

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from depthlab.errors import DepthlabError
+from depthlab.extras import needs
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 def _require_lm_eval() -> None:
     if _lm_utils is None:
-        raise DepthlabError("lm-evaluation-harness is not installed; pip install 'depthlab[lm-eval]'")
+        raise needs("the lm-evaluation-harness adapter", "lm-eval")
 
 
 class _Tok:

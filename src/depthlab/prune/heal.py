@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from depthlab.errors import DepthlabError, choices
+from depthlab.extras import needs
 from depthlab.model import IGNORE_INDEX
 from depthlab.prune.export import lm_logits
 from depthlab.prune.options import HEAL_MODES, HealOptions
@@ -38,7 +39,7 @@ def check_heal(opts: HealOptions) -> None:
     if opts.steps < 0 or opts.batch_size < 1 or opts.seq_len < 2 or opts.lr <= 0:
         raise DepthlabError("--heal-steps must be >= 0, --heal-lr > 0, --heal-batch-size >= 1 and --seq-len >= 2")
     if opts.mode == "lora" and opts.steps > 0 and importlib.util.find_spec("peft") is None:
-        raise DepthlabError("--heal lora needs the PyPI package 'peft' (pip install peft); or use --heal full")
+        raise needs("--heal lora (or use --heal full)", "lora")
 
 
 def _with_lora(model: nn.Module, rank: int) -> nn.Module:

