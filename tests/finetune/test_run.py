@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -167,3 +168,41 @@ def test_an_lns_marked_hf_model_is_fine_tuned_as_lns_with_its_own_tokenizer(tmp_
     assert seen["scheme"] == "lns" and seen["diff"] < 1e-4
     config = json.loads((tmp_path / "sft" / "config.json").read_text())
     assert config["finetune"]["source"]["kind"] == "hf" and config["tokenizer"]["spec"].startswith("hf:")
+
+
+def test_a_tied_embedding_hf_model_fine_tunes_checkpoints_resumes_and_starts_a_train_run(tmp_path):
+    """SmolLM2 ties its embedding and head: the checkpoint stores the shared tensor once, a resume continues
+    exactly, the reloaded model is still tied, and ``train --init-from`` starts from the same weights."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from depthlab.data.sft import TEMPLATES
+    from depthlab.data.tokenizers import _train_bpe
+    from depthlab.hf.convert import hf_tokenizer
+
+    texts = [f"word{i} and more words {i * 7}" for i in range(200)]
+    tok = hf_tokenizer(_train_bpe(400, texts + [TEMPLATES["alpaca"].prompt_no_input] * 20, "bpe:400"))
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, max_position_embeddings=256, tie_word_embeddings=True))
+    hf.save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"instruction": f"say {t}", "output": t}) + "\n" for t in texts[:20]))
+    common = ["--data", str(sft), "--seq-len", "64", "--batch-size", "2", "--eval-every", "0", "--variance-every", "0",
+              "--log-every", "1", "--device", "cpu", "-q"]
+    assert main(["finetune", str(tmp_path / "hf"), *common, "--steps", "4", "--out", str(tmp_path / "a")]) == 0
+    assert main(["finetune", str(tmp_path / "hf"), *common, "--steps", "4", "--ckpt-every", "2", "--out",
+                 str(tmp_path / "b")]) == 0
+    ckpts = sorted((tmp_path / "b" / "checkpoint").iterdir())
+    shutil.rmtree(ckpts[-1])  # as if killed after step 2: resume from there
+    (tmp_path / "b" / "summary.json").unlink()
+    assert main(["finetune", "--resume", str(tmp_path / "b"), "-q"]) == 0
+    losses = [[json.loads(ln)["loss"] for ln in (tmp_path / d / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+              for d in ("a", "b")]
+    assert losses[0] == losses[1] and len(losses[0]) == 4
+    model, _, _ = load_run(tmp_path / "b")
+    assert model.lm_head.weight is model.embed.weight
+    assert main(["train", "--init-from", str(tmp_path / "hf"), "--data", "builtin", "--steps", "1", "--seq-len", "32",
+                 "--batch-size", "2", "--eval-tokens", "256", "--device", "cpu", "--no-plots", "-q",
+                 "--out", str(tmp_path / "c")]) == 0

@@ -71,6 +71,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def split_aliases(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """CPU tensors to store, each memory stored once, and ``{alias: stored name}`` for the names that share
+    one (tied embeddings: ``lm_head.weight`` is ``embed.weight``; safetensors refuses to store both)."""
+    seen: dict[tuple, str] = {}
+    tensors, aliases = {}, {}
+    for name, value in state.items():
+        key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), tuple(value.stride()),
+               value.dtype, value.device)
+        if key in seen and value.numel():
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        tensors[name] = value.detach().to("cpu").contiguous()
+    return tensors, aliases
+
+
 def save_checkpoint(run_dir: str | Path, step: int, model_sd: dict[str, torch.Tensor], optim_sd: dict,
                     trainer_state: dict[str, Any], config: dict[str, Any], keep_last: int = 2) -> Path:
     """Write ``checkpoint/step-N`` atomically and prune to the last ``keep_last``. Returns its path.
@@ -99,9 +115,10 @@ def _write_and_publish(root: Path, tmp: Path, step: int, model_sd: dict[str, tor
 
     final = root / f"step-{step:08d}"
     model_cfg = config["model"]
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model_sd.items()}
+    tensors, aliases = split_aliases(model_sd)
     save_file(tensors, str(tmp / "model.safetensors"),
-              metadata={"format": "pt", "scheme": model_cfg["scheme"], "model_config": json.dumps(model_cfg)})
+              metadata={"format": "pt", "scheme": model_cfg["scheme"], "model_config": json.dumps(model_cfg),
+                        "aliases": json.dumps(aliases)})
     torch.save(optim_sd, tmp / "optimizer.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -245,8 +262,11 @@ def _read_checkpoint(ckpt: Path, with_optimizer: bool) -> dict[str, Any]:
 
     with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
         meta = f.metadata() or {}
+    model = load_file(str(ckpt / "model.safetensors"))
+    for alias, original in json.loads(meta.get("aliases") or "{}").items():
+        model[alias] = model[original]  # a tied weight, stored once
     out = {
-        "model": load_file(str(ckpt / "model.safetensors")),
+        "model": model,
         "meta": meta,
         "state": json.loads((ckpt / STATE).read_text()),
         "config": json.loads((ckpt / "config.json").read_text()),
