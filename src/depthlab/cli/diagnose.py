@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     mc = given.get("mc")
     if mc is not None and mc != "builtin-mc" and not mc.startswith("hf:") and not Path(mc).is_file():
         raise DepthlabError(f"multiple-choice file {mc!r} does not exist")
-    target = load_target(args.target, device=device, dtype=dtype, scheme=args.scheme)
+    target = load_target(args.target, device=device, dtype=dtype, scheme=args.scheme,
+                         progress=None if given.get("progress", True) else False)
     given["seq_len"] = _seq_len(given.get("seq_len"), target)
     if not target.causal:
         log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", args.target)

@@ -75,13 +75,9 @@ def run(args: argparse.Namespace) -> int:
                           **HEAL.given(args), "progress": progress})
     opts = PruneOptions(**given, heal=heal, progress=progress)
     check_heal(heal)  # e.g. --heal lora without peft: before the model is loaded
-    if not progress:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # transformers' loading/saving bars, too
     check_options(opts, n_layers=10**9)  # what needs no model; the range checks follow once it is loaded
     device, dtype = _device_dtype(args)
-    target = load_target(args.target, device=device, dtype=dtype)
+    target = load_target(args.target, device=device, dtype=dtype, progress=progress)
     report = prune_target(target, opts, out, command="depthlab prune " + " ".join(shlex.quote(a) for a in _argv(args)))
     exp = report["export"]
     print(report.get("summary") or "")

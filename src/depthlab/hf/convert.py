@@ -22,8 +22,9 @@ from torch import nn
 
 from depthlab.config import ModelConfig
 from depthlab.configure import scheme_option
-from depthlab.errors import DepthlabError, choices, first_line
+from depthlab.errors import DepthlabError, choices
 from depthlab.hf.architectures import SUPPORTED_MODEL_TYPES
+from depthlab.hf.loading import load_pretrained
 from depthlab.model import DecoderLM, model_with_weights
 from depthlab.nn.blocks import PreNormBlock
 from depthlab.nn.norms import ChannelGain, RMSNorm, ScalarGain, Scale
@@ -114,13 +115,10 @@ def load_hf_model(path: str | Path, gguf_file: str | None = None, dtype: torch.d
         if not path.is_file():
             raise DepthlabError(f"GGUF file {str(path)!r} does not exist")
         path, gguf_file = path.parent, path.name
-    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False}
+    kwargs: dict[str, Any] = {"dtype": dtype}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
-    try:
-        return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-    except (OSError, ValueError) as err:
-        raise DepthlabError(f"cannot load a Hugging Face model from {str(path)!r}: {first_line(err)}") from err
+    return load_pretrained(path, AutoModelForCausalLM, **kwargs)
 
 
 def _scheme_for(hf_cfg: Any, scheme: str | None) -> str:

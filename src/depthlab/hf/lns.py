@@ -179,9 +179,9 @@ def load(path: str, auto_class: Any = None, **from_pretrained_kwargs: Any) -> nn
     """Load an HF checkpoint (``save_pretrained`` directory or hub id) and restore LayerNorm
     Scaling when its config records it. ``auto_class`` defaults to ``AutoModelForCausalLM``;
     extra keyword arguments go to ``from_pretrained`` (``torch_dtype``, ``device_map``, ...)."""
-    if auto_class is None:
-        from transformers import AutoModelForCausalLM as auto_class  # noqa: N813
-    model = auto_class.from_pretrained(path, **{"trust_remote_code": False, **from_pretrained_kwargs})
+    from depthlab.hf.loading import load_pretrained
+
+    model = load_pretrained(path, auto_class, **from_pretrained_kwargs)
     if layernorm_scaling_marker(model.config) is not None:
         apply_layernorm_scaling(model)
     return model

