@@ -20,6 +20,7 @@ from depthlab.data.batches import (
     write_shards,
 )
 from depthlab.data.corpora import BUILTIN_VAL_BOOKS, VAL_FRACTION, builtin_path, is_val_document, iter_documents
+from depthlab.data.named import NAMED_CORPORA, shard_path
 from depthlab.data.tokenizers import (
     ByteTokenizer,
     Tokenizer,
@@ -36,4 +37,5 @@ __all__ = [
     "ByteTokenizer", "TokenSequences", "load_sequences", "pack_tokens", "pad_tokens", "inputs_and_labels",
     "write_shards", "shard_meta", "is_shard_dir", "check_tokenizer_spec", "default_cache_dir", "builtin_path",
     "is_val_document", "BUILTIN_VAL_BOOKS", "VAL_FRACTION", "IGNORE_INDEX", "DEFAULT_TOKENIZER",
+    "NAMED_CORPORA", "shard_path",
 ]
