@@ -30,7 +30,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache-dir", help="cache (default $DEPTHLAB_CACHE or ~/.cache/depthlab)")
     p.add_argument("--sources", default=",".join(SOURCE_NAMES), help="comma-separated subset (default: all)")
     p.add_argument("--tokenizer", help="bpe:N | bytes | hf:NAME (default bpe:16384; --toy: bpe:512)")
-    p.add_argument("--part-mib", type=float, help="largest part file in MiB (default 64; --toy: 1/16)")
+    p.add_argument("--part-mib", type=float, help="largest part file in MiB (default 48; --toy: 1/16)")
     p.add_argument("--val-fraction", type=float, default=0.02, help="held-out share of documents (default 0.02)")
     p.add_argument("--seed", type=int, default=0, help="seeds the held-out split and document order (default 0)")
     p.add_argument("--toy", action="store_true", help="dry run: the Bible's six books + planted duplicates, offline")

@@ -57,7 +57,7 @@ class BuildOptions:
     cache_dir: Path | None = None  # None = $DEPTHLAB_CACHE or ~/.cache/depthlab
     sources: tuple[str, ...] = SOURCE_NAMES
     tokenizer: str = "bpe:16384"
-    part_bytes: int = 64 * MiB  # largest part file
+    part_bytes: int = 48 * MiB  # largest part file: one part + the rest of a transfer fit in 64 MiB
     val_fraction: float = 0.02  # held-out share of documents (the Bible: its held-out books)
     seed: int = 0
     toy: bool = False  # the tiny offline corpus of --toy (dry run)
@@ -295,8 +295,9 @@ def _train_texts(docs_dir: Path) -> Iterator[str]:
 def build_shards(opts: BuildOptions, docs_rec: dict, sources: list[Source], fetched: dict[str, dict]) -> dict:
     """Stage 3: the tokenizer and the token shards with their manifest (reused when up to date)."""
     root, docs_dir, shard_dir = opts.root, opts.root / "docs", opts.root / "shards"
-    key = hashlib.sha256(json.dumps({"docs": docs_rec["files"], "tokenizer": opts.tokenizer,
-                                     "part_bytes": opts.part_bytes}, sort_keys=True).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps({"docs": docs_rec["files"], "tokenizer": opts.tokenizer, "part_bytes": opts.part_bytes,
+                                     "about": [(s.name, s.licence, s.description) for s in sources]},  # the manifest's text
+                                    sort_keys=True).encode()).hexdigest()
     meta_path = shard_dir / SHARDS_META
     if meta_path.is_file() and json.loads(meta_path.read_text()).get("corpus", {}).get("build_key") == key \
             and not verify(shard_dir):

@@ -163,7 +163,7 @@ SOURCES: tuple[Source, ...] = (
            _dictd("elements"), "usr/share/doc/dict-elements/copyright", dedent=True),
     Source("sqlite-docs", "deb:sqlite3-doc", "public domain", True, "The SQLite 3 documentation, one document per page",
            _html_tree("usr/share/doc/sqlite3", "sqlite"), "usr/share/doc/sqlite3-doc/copyright"),
-    Source("gcide", "deb:dict-gcide", "GPL-3+ (mostly public-domain Webster 1913 text)", False,
+    Source("gcide", "deb:dict-gcide", "GPL-2+ (mostly public-domain Webster 1913 text)", False,
            "GNU Collaborative International Dictionary of English 0.48 (Webster 1913 + additions), in pages",
            _dictd("gcide"), "usr/share/doc/dict-gcide/copyright", dedent=True),
     Source("foldoc", "deb:dict-foldoc", "GFDL-1.1+", False, "Free On-line Dictionary of Computing, in pages",
