@@ -134,6 +134,12 @@ def test_name_resolves_to_the_built_corpus(toy, monkeypatch):
     byte_batch = next(iter(eval_token_batches(NAME, ByteTokenizer(), 64, 64, 1)))
     first_val = _docs(root, "val")[0]["text"].encode("utf-8")[:64]
     assert bytes(byte_batch[0].tolist()) == first_val
+    byte_seqs = load_sequences(NAME, ByteTokenizer(), 63, cache_dir=cache)  # so are its training sequences
+    first_train = _docs(root, "train")[0]["text"].encode("utf-8")
+    assert bytes(np.asarray(byte_seqs.rows[0]).tolist()) == first_train[:64]
+    assert len(byte_seqs) == sum(len(d["text"].encode()) + 1 for d in _docs(root, "train")) // 64
+    padded = load_sequences(NAME, tok, 16, pack=False)  # --no-pack: one row per document
+    assert len(padded) == len(_docs(root, "train"))
 
 
 def test_trainer_takes_the_name(toy, monkeypatch, tmp_path):
@@ -182,7 +188,8 @@ def test_dictd_reader(tmp_path):
     got = list(R.dictd_entries(tmp_path / "d.dict.dz", tmp_path / "d.index"))
     assert [w for w, _ in got] == ["Apfel", "Pear"]  # the header skipped, the shared entry once
     assert [t for _, t in got] == entries[1:]
-    assert R.gcide_text(got[0][1]).split() == ["Apple", ",", "n.", "A", "fruit."]
+    assert R.gcide_text(got[0][1]).split() == ["Apple,", "n.", "A", "fruit."]
+    assert R.gcide_text('Courtepy \\Cour"te*py\\ (k??r"t?-p?), n. [D. kort + pije]\n') == "Courtepy, n. [D. kort + pije]\n"
     assert R.link_braces(got[1][1]) == "Pear, n.\n   Another fruit.\n"
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from depthlab.data.corpora import SHARDS_META, builtin_path, iter_documents, resolve_files
-from depthlab.data.named import NAMED_CORPORA, shard_path
+from depthlab.data.named import NAMED_CORPORA, named_fingerprint, shard_path
 from depthlab.data.tokenizers import Tokenizer, default_cache_dir
 from depthlab.errors import DepthlabError
 from depthlab.model import IGNORE_INDEX  # the loss convention is the model's; re-exported by depthlab.data
@@ -109,6 +109,14 @@ def shard_tokens(spec: str, split: str) -> np.ndarray:
 def shards_fit(spec: str, tokenizer: Tokenizer) -> bool:
     """Whether a shard directory was tokenized with ``tokenizer`` (same vocabulary fingerprint)."""
     return shard_meta(spec).get("fingerprint") == tokenizer.fingerprint()
+
+
+def reads_shards(spec: str, tokenizer: Tokenizer, split: str) -> bool:
+    """Whether ``split`` of ``spec`` comes from token shards. A named corpus asked for both splits,
+    or for another vocabulary than its shards', is encoded from its documents instead."""
+    if not is_shard_dir(spec):
+        return False
+    return spec not in NAMED_CORPORA or (split != "all" and shards_fit(spec, tokenizer))
 
 
 def write_shards(spec: str, tokenizer: Tokenizer, out_dir: str | Path, text_field: str = "text") -> dict:
@@ -250,6 +258,8 @@ def _local_fingerprint(spec: str) -> str | None:
     """A cache key for a local corpus (paths, sizes, mtimes); None for streamed data."""
     if spec.startswith("hf:"):
         return None
+    if spec in NAMED_CORPORA:
+        return named_fingerprint(spec)
     files = [builtin_path()] if spec == "builtin" else resolve_files(spec)
     h = hashlib.sha256(spec.encode())
     for f in files:
@@ -310,7 +320,7 @@ def load_sequences(
     if streaming or (streaming is None and spec.startswith("hf:")):
         return StreamingSequences(spec, tokenizer, seq_len, split=split, pack=pack, text_field=text_field,
                                   rank=rank, world_size=world_size)
-    if is_shard_dir(spec):
+    if reads_shards(spec, tokenizer, split) and (pack or spec not in NAMED_CORPORA):  # a name: documents to pad
         if not pack:
             raise DepthlabError(f"token shards {spec!r} are packed; --no-pack needs documents, not shards")
         flat = shard_tokens(spec, split)
@@ -340,9 +350,7 @@ class EvalBatches:
         self.spec, self.tokenizer, self.n_tokens = spec, tokenizer, n_tokens
         self.seq_len, self.batch_size, self.split, self.text_field = seq_len, batch_size, split, text_field
         self.tokens, self.short = 0, False
-        self.shards = is_shard_dir(spec)
-        if self.shards and spec in NAMED_CORPORA and (split == "all" or not shards_fit(spec, tokenizer)):
-            self.shards = False  # another vocabulary (or both splits): the named corpus's documents
+        self.shards = reads_shards(spec, tokenizer, split)
         if not self.shards:
             iter_documents(spec, split, text_field)  # validate the spec eagerly
 

@@ -17,6 +17,7 @@ of the same name (write ``./open-english`` for a local directory).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +49,11 @@ def shard_path(spec: str) -> Path:
     if spec in NAMED_CORPORA:
         return _built(spec) / "shards"
     return Path(spec).expanduser()
+
+
+def named_fingerprint(name: str) -> str:
+    """A cache key for a built named corpus's documents (a hash of their build record)."""
+    return hashlib.sha256((_built(name) / "docs" / "stage.json").read_bytes()).hexdigest()[:16]
 
 
 def iter_named_documents(name: str, split: str) -> Iterator[str]:

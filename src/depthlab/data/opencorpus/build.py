@@ -44,7 +44,7 @@ from depthlab.errors import DepthlabError, choices
 log = logging.getLogger(__name__)
 
 NAME = "open-english"
-FORMAT = 1  # bump when cleaning, dedup or the split rule changes: rebuilds the documents
+FORMAT = 2  # bump when cleaning, dedup or the split rule changes: rebuilds the documents
 MIN_CHARS = 64  # shorter documents (after cleaning) are dropped
 MIN_PARAGRAPH = 64  # normalised characters a paragraph needs to take part in near-duplicate removal
 NEAR_DUP_SHARE = 0.5  # a document losing more than this share of its characters to repeats is dropped

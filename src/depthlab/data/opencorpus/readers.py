@@ -68,14 +68,16 @@ def dictd_entries(dict_dz: Path, index: Path) -> Iterator[tuple[str, str]]:
 
 _GCIDE_TAG = re.compile(r"^\s*\[(?:\d{4} Webster|Webster \d{4}|WordNet|PJC|Century|Chambers|Jargon|RHUD|DOE|JS|MW)"
                         r"[^\]\n]{0,40}\]\s*$", re.M)
+_GCIDE_PRON = re.compile(r"[ \t]*\\[^\\\n]{1,80}\\"  # \Ap"ple\, then a respelling such as (k??r"t?-p?), not (Zool.)
+                         r"(?:[ \t]*\((?=[^()\n]*[?\"`'\[\-])[^()\n]{1,60}\))?")
 _GCIDE_LETTER = re.compile(r"\[\*?([A-Za-z])[\^=~:.`'\"\-,]?\]")
 
 
 def gcide_text(entry: str) -> str:
-    """A GCIDE entry without its source tags (``[1913 Webster]``), pronunciation (``\\Ap"ple\\``)
-    and ASCII accent codes (``[ae]`` -> æ, ``[a^]`` -> a)."""
+    """A GCIDE entry without its source tags (``[1913 Webster]``), pronunciation (``\\Ap"ple\\`` and
+    the respelling in parentheses after it) and ASCII accent codes (``[ae]`` -> æ, ``[a^]`` -> a)."""
     entry = _GCIDE_TAG.sub("", entry)
-    entry = re.sub(r"\\[^\\\n]{1,80}\\", "", entry)
+    entry = _GCIDE_PRON.sub("", entry)
     for code, ch in (("[ae]", "æ"), ("[AE]", "Æ"), ("[oe]", "œ"), ("[OE]", "Œ")):
         entry = entry.replace(code, ch)
     return _GCIDE_LETTER.sub(r"\1", entry)
