@@ -148,7 +148,8 @@ def _shortest_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
 
 #: The layers of depthlab, lowest first: a package may import from its own layer and those below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("depthlab", "_lazy", "errors", "presets", "metrics", "provenance", "progress", "htmlpage", "jsonio", "extras")),
+    ("foundation", ("depthlab", "_lazy", "errors", "presets", "metrics", "provenance", "progress", "htmlpage", "jsonio",
+                    "extras")),
     ("modules", ("nn",)),
     ("configs and the scheme registry", ("config", "schemes")),
     ("configure", ("configure",)),

@@ -34,7 +34,7 @@ def main() -> int:
         if not pattern.search(text):
             print(f"{path.name} has no <!-- {name}:start --> ... <!-- {name}:end --> block", file=sys.stderr)
             return 2
-        new = pattern.sub(lambda m: m.group(1) + generated + "\n" + m.group(2), text)
+        new = pattern.sub(lambda m, g=generated: m.group(1) + g + "\n" + m.group(2), text)
         if new != text:
             stale.append(path.name)
             if "--check" not in sys.argv:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from depthlab.data.corpora import SHARDS_META, builtin_path, iter_documents, resolve_files
+from depthlab.data.named import NAMED_CORPORA, named_fingerprint, shard_path
 from depthlab.data.tokenizers import Tokenizer, default_cache_dir
 from depthlab.errors import DepthlabError
 from depthlab.model import IGNORE_INDEX  # the loss convention is the model's; re-exported by depthlab.data
@@ -82,20 +83,40 @@ def inputs_and_labels(rows: np.ndarray, lengths: np.ndarray | None = None) -> tu
 
 # ---------------------------------------------------------------------- token shards
 def is_shard_dir(spec: str) -> bool:
-    return not spec.startswith("hf:") and spec != "builtin" and (Path(spec).expanduser() / SHARDS_META).is_file()
+    """True for a token-shard directory or a built named corpus (an unbuilt name raises)."""
+    return not spec.startswith("hf:") and spec != "builtin" and (shard_path(spec) / SHARDS_META).is_file()
 
 
 def shard_meta(spec: str) -> dict:
-    return json.loads((Path(spec).expanduser() / SHARDS_META).read_text())
+    return json.loads((shard_path(spec) / SHARDS_META).read_text())
 
 
 def shard_tokens(spec: str, split: str) -> np.ndarray:
-    """The 1-D memmap of a shard directory's ``train`` or ``val`` tokens."""
-    meta = shard_meta(spec)
-    path = Path(spec).expanduser() / f"{split}.bin"
-    if not path.is_file():
-        raise DepthlabError(f"token shards {spec!r} have no {split} split ({path.name} missing)")
-    return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
+    """The 1-D memmap of a shard directory's ``train`` or ``val`` tokens. A split stored in parts
+    (``meta["parts"][split]``: files cut at token boundaries, as named corpora are) is concatenated."""
+    meta, root = shard_meta(spec), shard_path(spec)
+    dtype = np.dtype(meta["dtype"])
+    parts = [p["file"] for p in meta.get("parts", {}).get(split, [])] or [f"{split}.bin"]
+    arrays = []
+    for name in parts:
+        path = root / name
+        if not path.is_file():
+            raise DepthlabError(f"token shards {spec!r} have no {split} split ({path.name} missing)")
+        arrays.append(np.memmap(path, dtype=dtype, mode="r"))
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def shards_fit(spec: str, tokenizer: Tokenizer) -> bool:
+    """Whether a shard directory was tokenized with ``tokenizer`` (same vocabulary fingerprint)."""
+    return shard_meta(spec).get("fingerprint") == tokenizer.fingerprint()
+
+
+def reads_shards(spec: str, tokenizer: Tokenizer, split: str) -> bool:
+    """Whether ``split`` of ``spec`` comes from token shards. A named corpus asked for both splits,
+    or for another vocabulary than its shards', is encoded from its documents instead."""
+    if not is_shard_dir(spec):
+        return False
+    return spec not in NAMED_CORPORA or (split != "all" and shards_fit(spec, tokenizer))
 
 
 def write_shards(spec: str, tokenizer: Tokenizer, out_dir: str | Path, text_field: str = "text") -> dict:
@@ -237,6 +258,8 @@ def _local_fingerprint(spec: str) -> str | None:
     """A cache key for a local corpus (paths, sizes, mtimes); None for streamed data."""
     if spec.startswith("hf:"):
         return None
+    if spec in NAMED_CORPORA:
+        return named_fingerprint(spec)
     files = [builtin_path()] if spec == "builtin" else resolve_files(spec)
     h = hashlib.sha256(spec.encode())
     for f in files:
@@ -297,7 +320,7 @@ def load_sequences(
     if streaming or (streaming is None and spec.startswith("hf:")):
         return StreamingSequences(spec, tokenizer, seq_len, split=split, pack=pack, text_field=text_field,
                                   rank=rank, world_size=world_size)
-    if is_shard_dir(spec):
+    if reads_shards(spec, tokenizer, split) and (pack or spec not in NAMED_CORPORA):  # a name: documents to pad
         if not pack:
             raise DepthlabError(f"token shards {spec!r} are packed; --no-pack needs documents, not shards")
         flat = shard_tokens(spec, split)
@@ -327,12 +350,13 @@ class EvalBatches:
         self.spec, self.tokenizer, self.n_tokens = spec, tokenizer, n_tokens
         self.seq_len, self.batch_size, self.split, self.text_field = seq_len, batch_size, split, text_field
         self.tokens, self.short = 0, False
-        if not is_shard_dir(spec):
+        self.shards = reads_shards(spec, tokenizer, split)
+        if not self.shards:
             iter_documents(spec, split, text_field)  # validate the spec eagerly
 
     def _windows(self) -> Iterator[np.ndarray]:
         T = self.seq_len
-        if is_shard_dir(self.spec):
+        if self.shards:
             flat = shard_tokens(self.spec, self.split)
             for i in range(len(flat) // T):
                 yield np.asarray(flat[i * T:(i + 1) * T], dtype=np.int64)

@@ -9,6 +9,7 @@ Specs (``--data``):
     path/to/file.parquet    the ``text_field`` column (needs pyarrow)
     path/to/dir, "a/*.txt"  every .txt/.jsonl/.parquet file under a directory / matching a glob, sorted
     hf:NAME[:CONFIG]        Hugging Face ``datasets`` streaming (optional extra, needs network)
+    open-english            a named corpus built into the cache (depthlab.data.named)
 
 Splits: ``"train"``, ``"val"`` or ``"all"``. For local files a document goes to ``val`` when a hash
 of its text falls in the held-out fraction (VAL_FRACTION): deterministic, independent of file order,
@@ -27,6 +28,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from depthlab.data.named import NAMED_CORPORA, SHARDS_META, iter_named_documents
 from depthlab.errors import DepthlabError, choices, first_line
 from depthlab.extras import needs
 
@@ -38,7 +40,6 @@ VAL_FRACTION = 0.05  # held-out share of documents for local files (hash-based)
 
 #: Books of the built-in corpus held out for validation (~4% of verses, both testaments, all genres).
 BUILTIN_VAL_BOOKS = ("Ruth", "Ecclesiastes", "Jonah", "Mark", "Philippians", "Jude")
-SHARDS_META = "shards.json"  # marks a directory written by ``depthlab tokenize``
 
 
 def _check_split(split: str) -> None:
@@ -204,6 +205,8 @@ def iter_documents(spec: str, split: str = "train", text_field: str = "text") ->
         return iter_builtin(split)
     if spec.startswith("hf:"):
         return _iter_hf(spec, split, text_field)
+    if spec in NAMED_CORPORA:  # a corpus built into the cache (depthlab.data.named)
+        return iter_named_documents(spec, split)
     files = resolve_files(spec)
 
     def gen() -> Iterator[str]:

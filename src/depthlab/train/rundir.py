@@ -25,6 +25,7 @@ from depthlab.data import (
     iter_documents,
     load_tokenizer,
     shard_meta,
+    shard_path,
 )
 from depthlab.errors import DepthlabError
 from depthlab.jsonio import write_json_atomic
@@ -123,7 +124,7 @@ def resolve_tokenizer(cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv)
         if cfg.tokenizer is not None and cfg.tokenizer != meta["tokenizer"]:
             raise DepthlabError(f"token shards {cfg.data!r} were made with tokenizer {meta['tokenizer']!r}, "
                                 f"not {cfg.tokenizer!r}")
-        return load_tokenizer(Path(cfg.data).expanduser() / "tokenizer")
+        return load_tokenizer(shard_path(cfg.data) / "tokenizer")
     spec = cfg.tokenizer or DEFAULT_TOKENIZER
     check_tokenizer_spec(spec)
     iter_documents(cfg.data, "train", cfg.text_field)  # bad data specs fail here, before any training
