@@ -86,7 +86,7 @@ class HyperConnection(nn.Module):
         self.d_model, self.streams, self.index = d_model, streams, index
         pre, res, post = self.initial()
         self.pre = nn.Parameter(pre)
-        self.res = nn.Parameter(res)  # HC's A_r: [in stream, out stream]
+        self.res = nn.Parameter(res)  # HC: A_r, [in stream, out stream]; mHC: b_res, [out stream, in stream]
         self.post = nn.Parameter(post)
 
     def initial(self) -> Weights:
@@ -100,6 +100,7 @@ class HyperConnection(nn.Module):
                 param.copy_(value)
 
     def weights(self, H: torch.Tensor) -> Weights:
+        """(pre, res, post) for ``H`` (B, T, n, D); ``res`` is [out stream, in stream]."""
         return self.pre, self.res.T, self.post
 
     def forward(self, H: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
