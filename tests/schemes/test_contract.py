@@ -33,15 +33,6 @@ def test_forward_backward_finite_and_every_parameter_gets_a_gradient(scheme):
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread for the trainer tests (tiny ops on 2 shared cores: spinning threads cost more)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _records(into):
     return lambda rec: into.append((rec["step"], rec["loss"]))
 

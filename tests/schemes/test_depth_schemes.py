@@ -91,28 +91,26 @@ def test_schemes_without_rules_keep_one_group_at_the_scheduled_lr():
     assert len(opt.param_groups) == 1 and opt.param_groups[0]["lr"] == 5e-4 and opt.defaults["eps"] == 1e-8
 
 
-def test_completep_resumes_exactly_with_two_learning_rates(tmp_path, tmp_path_factory, monkeypatch):
-    """alpha = 0.5 makes two param groups; a resume restores each group's lr multiplier."""
-    from depthlab.train import TrainConfig, train
+def test_completep_resumes_exactly_with_two_learning_rates(tmp_path, tmp_path_factory, monkeypatch, one_thread):
+    """alpha = 0.5 makes two param groups; a resume from the step-2 checkpoint restores each group's lr
+    multiplier and reproduces the straight run's losses."""
+    import shutil
+
+    from depthlab.train import TrainConfig, list_checkpoints, train
 
     monkeypatch.setenv("DEPTHLAB_CACHE", str(tmp_path_factory.getbasetemp() / "depthlab-cache"))
     cfg = d.from_preset("tiny", scheme="completep", alpha=0.5, n_layers=4, d_model=16, n_heads=2, d_ff=32)
     tc = TrainConfig(data="builtin", tokenizer="bytes", steps=4, batch_size=2, seq_len=16, eval_tokens=64,
-                     eval_every=4, ckpt_every=2, lr=3e-3, device="cpu")
-    straight, first, second = [], [], []
-
-    def stop_at_2(rec):
-        first.append((rec["step"], rec["loss"]))
-        if rec["step"] == 2:
-            raise KeyboardInterrupt
-
+                     eval_every=4, ckpt_every=2, keep_last=2, lr=3e-3, device="cpu")
+    straight, resumed = [], []
     train(cfg, tc, tmp_path / "a", quiet=True, progress=lambda r: straight.append((r["step"], r["loss"])))
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, tc, tmp_path / "b", quiet=True, progress=stop_at_2)
-    train(cfg, tc, tmp_path / "b", resume=True, quiet=True, progress=lambda r: second.append((r["step"], r["loss"])))
-    assert first + second == straight
-    groups = torch.load(tmp_path / "b" / "checkpoint" / "step-00000004" / "optimizer.pt", weights_only=True)
-    assert sorted(g["lr_scale"] for g in groups["param_groups"]) == pytest.approx([2 ** -0.5, 1.0])  # (4/2)^(0.5-1)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(list_checkpoints(tmp_path / "b")[-1])
+    train(cfg, tc, tmp_path / "b", resume=True, quiet=True, progress=lambda r: resumed.append((r["step"], r["loss"])))
+    assert resumed == straight[2:]
+    groups = torch.load(list_checkpoints(tmp_path / "b")[-1] / "optimizer.pt", weights_only=True)["param_groups"]
+    assert sorted(g["lr_scale"] for g in groups) == pytest.approx([2 ** -0.5, 1.0])  # (4/2)^(0.5-1) in the blocks
+    assert {round(g["lr"] / g["lr_scale"], 12) for g in groups} == {round(groups[0]["lr"] / groups[0]["lr_scale"], 12)}
 
 
 # ---------------------------------------------------------------------------------------- keel
