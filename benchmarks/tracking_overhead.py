@@ -50,7 +50,7 @@ def main() -> None:
     model = d.build_model(cfg)
     env = D.DistEnv()
     forward = Forward(D.wrap(model, env, torch.device("cpu")), torch.device("cpu"), lambda: torch.autocast("cpu", enabled=False))
-    opt = build_optimizer(model.parameters(), tc, torch.device("cpu"))
+    opt = build_optimizer(model, tc, torch.device("cpu"))
     x = torch.randint(cfg.vocab_size, (B, T))
     probe = torch.randint(cfg.vocab_size, (P, T + 1))
     variants = {

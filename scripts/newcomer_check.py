@@ -38,6 +38,8 @@ TOY: tuple[tuple[str, str], ...] = (
     (r"--heal-steps \d+", "--heal-steps 2"), (r"--diag-tokens \d+", "--diag-tokens 512"),
     (r"--tokens \d+", "--tokens 512"), (r"--seeds 0,1,2", "--seeds 0,1"), (r"--depth \d+", "--depth 64"),
     (r"--preset (llama|qwen)\S*", "--preset tiny"), (r"--batch-size \d{3,}", "--batch-size 8"),
+    (r"\bsteps=\d+", "steps=3"), (r"\btokens=\d+", "tokens=512"),  # python blocks
+    (r"DiagnoseOptions\(", "DiagnoseOptions(jacobian=False, "),
 )
 #: Arguments appended to commands of a kind (toy sizes the README's flags do not reach).
 APPEND: tuple[tuple[str, str], ...] = (
@@ -85,7 +87,10 @@ def readme_steps(text: str) -> list[Step]:
     for m in re.finditer(r"(<!-- newcomer: skip ([^>]*)-->\n)?```(bash|python)\n(.*?)```", text, re.S):
         line = text[:m.start()].count("\n") + 1
         if m.group(3) == "python":
-            steps.append(Step(line, m.group(4), None if m.group(1) else "python", m.group(2) or ""))
+            code = m.group(4)
+            for pattern, repl in TOY:
+                code = re.sub(pattern, repl, code)
+            steps.append(Step(line, m.group(4), None if m.group(1) else code, m.group(2) or ""))
             continue
         for cmd in _bash_commands(m.group(4)):
             if cmd not in seen and cmd != README_COMMAND_1 and "pytest" not in cmd:
@@ -141,8 +146,8 @@ def _image_folder(root: Path) -> None:
 
 def _run_one(step: Step, work: Path, env: dict[str, str], timeout: int) -> tuple[bool, float, str]:
     t0 = time.time()
-    if step.run == "python":
-        proc = subprocess.run([sys.executable, "-c", step.shown], cwd=work, env=env, capture_output=True, text=True,
+    if "\n" in step.shown:  # a python block
+        proc = subprocess.run([sys.executable, "-c", step.run], cwd=work, env=env, capture_output=True, text=True,
                               timeout=timeout)
     else:
         for flag in ("--out", "--hf"):  # a README may reuse an output name; a scratch copy starts clean

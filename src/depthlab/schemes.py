@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # types only: the config module knows nothing of schemes; tor
 __all__ = [
     "Scheme", "Option", "SCHEMES", "BASELINE_SCHEME", "get_scheme", "lns_scale", "deepnorm_alpha", "deepnorm_beta",
     "layerscale_eps", "LNS_SLOTS", "LNS_POSITIONS", "scheme_table", "scheme_names", "Parts", "decoder_parts", "SchemeSpec",
-    "parse_scheme_spec",
+    "parse_scheme_spec", "OptimRules", "completep_multiplier",
 ]
 
 BASELINE_SCHEME = "pre"  # the scheme every comparison is measured against
@@ -86,6 +86,21 @@ def number(name: str, default: float | int | None, help: str, *, lo: float, hi: 
 BlockFactory = Callable[["Parts", dict[str, Any], int], "nn.Module"]  # (parts, options, l) -> block
 
 
+def _unit_lr(name: str) -> float:
+    return 1.0
+
+
+@dataclass(frozen=True)
+class OptimRules:
+    """What a scheme asks of the optimiser (trainer-side rules, applied by ``depthlab.train.optim``):
+    a learning-rate multiplier per parameter, by its name in the model (``blocks.3.attn.q_proj.weight``),
+    on top of the schedule, and a multiplier on Adam's epsilon. Most schemes ask nothing (all 1)."""
+
+    lr_scale: Callable[[str], float] = _unit_lr  # parameter name -> multiplier of the scheduled lr
+    eps_scale: float = 1.0  # multiplier of TrainConfig.adam_eps
+
+
+
 @dataclass(frozen=True)
 class Scheme:
     name: str
@@ -98,6 +113,7 @@ class Scheme:
     build_embed_norm: Callable[["Parts", dict[str, Any]], "nn.Module"] | None = None  # None: no norm
     post_init: Callable[["nn.Module"], None] | None = None  # e.g. Admin's profiling pass, after ``init``
     check: Callable[["ModelConfig", dict[str, Any]], str | None] | None = None  # options vs shapes: error or None
+    optim_rules: Callable[["ModelConfig", dict[str, Any]], OptimRules] | None = None  # None: OptimRules()
     extras: dict[str, Any] = field(default_factory=dict)  # free-form facts for docs (e.g. {"lns": True})
 
     # ------------------------------------------------------------------ options
@@ -142,6 +158,10 @@ class Scheme:
     def embed_norm(self, parts: "Parts", options: dict[str, Any]) -> "nn.Module":
         """What the embedding output passes through before block 1 (``nn.Identity``: nothing)."""
         return N.Identity() if self.build_embed_norm is None else self.build_embed_norm(parts, options)
+
+    def optimizer_rules(self, cfg: "ModelConfig") -> OptimRules:
+        """The learning-rate / epsilon rules the trainer applies to a model of ``cfg`` (validated)."""
+        return OptimRules() if self.optim_rules is None else self.optim_rules(cfg, self.validate(cfg))
 
     def describe(self) -> str:
         """One paragraph for help texts: the summary, the source and the options."""
@@ -276,6 +296,70 @@ def _dyt_final(p, opts):
     return N.DyT(p.d_model, opts["alpha_init"])
 
 
+# ------------------------------------------------------------- OLMo-core's depth schemes (docs/paper.md §9.4-9.8)
+def _lns_uniform(p, opts, layer):
+    s = 1.0 / math.sqrt(p.n_layers)  # the same factor in every block
+    return _pre_block(p, layer, attn_norm=p.norm(scale=s), ffn_norm=p.norm(scale=s))
+
+
+def completep_multiplier(n_layers: int, base_depth: int, alpha: float) -> float:
+    """Depth-muP / CompleteP residual-branch multiplier (L / L_base)^(-alpha)."""
+    return (n_layers / base_depth) ** -alpha
+
+
+def _completep(p, opts, layer):
+    m = completep_multiplier(p.n_layers, opts["base_depth"], opts["alpha"])
+    return _pre_block(p, layer, attn_out=N.Scale(m), ffn_out=N.Scale(m))
+
+
+def _completep_rules(cfg, opts) -> OptimRules:
+    """CompleteP's depth rules for Adam (Dey et al. 2025, Table 1, at width multiplier 1): with
+    m = L / L_base, every parameter inside the blocks learns at lr * m^(alpha-1) (the embedding, the
+    final norm and the head at lr), and Adam's epsilon is eps * m^(-alpha)."""
+    m = cfg.n_layers / opts["base_depth"]
+    block_lr = m ** (opts["alpha"] - 1.0)
+    return OptimRules(lr_scale=lambda name: block_lr if name.startswith("blocks.") else 1.0,
+                      eps_scale=m ** -opts["alpha"])
+
+
+def _keel(p, opts, layer):
+    # block 1: Pre-LN attention (no alpha, no output norm), Post-LN FFN without alpha (OLMo-core main)
+    if layer == 1:
+        return _post_block(p, layer, attn_in=p.norm(), attn_norm=N.Identity(), ffn_in=p.norm())
+    a = 2.0 * p.n_layers  # KEEL counts attention and FFN as separate sub-layers
+    return _post_block(p, layer, attn_in=p.norm(), ffn_in=p.norm(), attn_resid=N.Scale(a), ffn_resid=N.Scale(a))
+
+
+def _reordered(p, opts, layer):
+    return _pre_block(p, layer, attn_norm=N.Identity(), ffn_norm=N.Identity(), attn_out=p.norm(), ffn_out=p.norm())
+
+
+#: (mode, constraint) -> the hyper-connection around one sub-layer: fn(parts, streams, index, sinkhorn_iters)
+_HYPER: dict[tuple[str, str], Callable[..., "nn.Module"]] = {
+    ("static", "none"): lambda p, n, k, it: N.HyperConnection(p.d_model, n, k),
+    ("dynamic", "none"): lambda p, n, k, it: N.DynamicHyperConnection(p.d_model, n, k, p.norm()),
+    ("static", "sinkhorn"): lambda p, n, k, it: N.ManifoldHyperConnection(p.d_model, n, k, it),
+    ("dynamic", "sinkhorn"): lambda p, n, k, it: N.DynamicManifoldHyperConnection(p.d_model, n, k, it),
+}
+
+
+def _mhc(p, opts, layer):
+    def connection(index: int) -> "nn.Module":  # index: 0-based over all 2L sub-layers
+        return _HYPER[opts["mode"], opts["constraint"]](p, opts["streams"], index, opts["sinkhorn_iters"])
+
+    return N.HyperBlock(layer, p.attention(), p.ffn(), p.norm(), p.norm(), connection(2 * layer - 2),
+                      connection(2 * layer - 1))
+
+
+_MHC_OPTIONS = (
+    number("streams", 4, "residual streams n", lo=2, hi=16, integer=True),
+    choice("mode", ("dynamic", "static"), "dynamic", "connection weights computed per token, or fixed"),
+    choice("constraint", ("sinkhorn", "none"), "sinkhorn",
+           "sinkhorn: mHC (sigmoid pre/post, doubly stochastic res); none: HC's free weights"),
+    number("sinkhorn_iters", 20, "Sinkhorn-Knopp iterations of the mHC projection", lo=1, hi=100, integer=True),
+)
+
+
 def admin_profile(model: "nn.Module") -> None:
     """Admin (Liu et al. 2020): set omega_i^2 = sum_{j<i} Var f_j from one profiling forward pass.
 
@@ -341,6 +425,23 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in [
     Scheme("dyt", "DyT: Pre-LN with every norm replaced by gamma*tanh(alpha*x) + beta", "Zhu et al. 2025", _dyt,
            options=(number("alpha_init", 0.5, "initial alpha of every DyT", lo=0),),
            build_final_norm=_dyt_final),
+    Scheme("lns-uniform", "Uniform LNS: x + f(N(x) / sqrt(L)), one factor for every block",
+           "OLMo-core (LayerNormDepthScaledTransformerBlock)", _lns_uniform),
+    Scheme("completep", "Depth-muP / CompleteP: x + (L/L_base)^-alpha * f(N(x)); in-block lr x (L/L_base)^(alpha-1), "
+           "Adam eps x (L/L_base)^-alpha", "Dey et al. 2025 (CompleteP); Yang et al. 2023, Bordelon et al. 2023",
+           _completep, options=(number("base_depth", 2, "L_base, the depth the base learning rate was tuned at",
+                                       lo=1, integer=True),
+                                number("alpha", 1.0, "depth exponent: 1 CompleteP, 0.5 Depth-muP, 0 plain Pre-LN",
+                                       lo=0, hi=1)),
+           optim_rules=_completep_rules),
+    Scheme("keel", "KEEL: N(alpha*x + f(N(x))), alpha = 2L; block 1 Pre-LN attention, Post-LN FFN",
+           "Chen & Wei 2026; OLMo-core (KeelTransformerBlock)", _keel),
+    Scheme("reordered", "Reordered norm: x + N(f(x)), the norm on the branch output only", "OLMo 2 (OLMo et al. 2024)",
+           _reordered),
+    Scheme("mhc", "Hyper-Connections: n residual streams mixed around each branch; mHC keeps the mix doubly "
+           "stochastic", "Zhu et al. 2024 (HC); Xie et al. 2025 (mHC)", _mhc, options=_MHC_OPTIONS,
+           build_embed_norm=lambda p, o: N.StreamExpand(o["streams"]),
+           build_final_norm=lambda p, o: N.StreamCollapse(o["streams"], p.norm())),
 ]}
 
 

@@ -98,7 +98,7 @@ def test_unfoldable_lns_positions_are_refused(tmp_path, position):
 
 def test_exportable_schemes():
     assert exportable_schemes() == ("pre", "lns", "scaled-init", "depth-scaled-init", "skipinit", "layerscale",
-                                    "lns-scaled-init")
+                                    "lns-scaled-init", "lns-uniform", "completep")
 
 
 def test_from_hf_bad_inputs(tmp_path):

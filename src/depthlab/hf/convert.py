@@ -195,7 +195,7 @@ def _factor(module: nn.Module, where: str) -> float | torch.Tensor:
 
 def _check_outside_blocks(model: DecoderLM) -> None:
     if not isinstance(model.embed_norm, nn.Identity):
-        raise _NotFoldable("the embedding output is normalised")
+        raise _NotFoldable(f"the embedding output passes through a {type(model.embed_norm).__name__}")
     if type(model.norm) is not RMSNorm or model.norm.scale != 1.0:
         raise _NotFoldable(f"the final norm is a {type(model.norm).__name__}")
     if model.cfg.qk_norm and model.cfg.qkv_bias:

@@ -37,29 +37,32 @@ def load_pretrained(path: str | Path, auto_class: Any = None, **kwargs: Any) -> 
     if auto_class is None:
         from transformers import AutoModelForCausalLM as auto_class  # noqa: N813
     where = str(Path(path) / kwargs["gguf_file"]) if kwargs.get("gguf_file") else str(path)
+    refuse = f"cannot load a Hugging Face model from {where!r}"
+    if str(path).startswith((".", "/", "~")) and not Path(path).expanduser().exists():
+        raise DepthlabError(f"{refuse}: no such directory")
     try:
         model, info = auto_class.from_pretrained(str(path), **{"trust_remote_code": False, **kwargs},
                                                  output_loading_info=True, ignore_mismatched_sizes=True)
     except (RuntimeError, ValueError, OSError) as err:
         text = str(err)
         size = next((ln.strip() for ln in text.splitlines() if "size mismatch" in ln or "shape" in ln.lower()), None)
-        raise DepthlabError(f"cannot load {where!r}: {size or first_line(err)}"[:400]) from None
+        raise DepthlabError(f"{refuse}: {size or first_line(err)}"[:400]) from None
     missing = [k for k in info.get("missing_keys", []) if not k.endswith("lm_head.weight")
                or not getattr(model.config, "tie_word_embeddings", False)]
     if missing:
-        raise DepthlabError(_missing_message(f"cannot load {where!r}", model, sorted(missing)))
+        raise DepthlabError(_missing_message(refuse, model, sorted(missing)))
     unexpected = sorted(info.get("unexpected_keys", []))
     if unexpected:
         layers = _layers_of(unexpected)
         more = f" (layer(s) {layers[:6]} beyond num_hidden_layers)" if layers else ""
-        raise DepthlabError(f"cannot load {where!r}: the weights hold tensors the config has no place for{more}, "
+        raise DepthlabError(f"{refuse}: the weights hold tensors the config has no place for{more}, "
                             f"e.g. {unexpected[0]!r}")
     mismatched = sorted(info.get("mismatched_keys") or [])
     if mismatched:
         first = mismatched[0]
         detail = (f"{first[0]} is {list(first[1])} in the weights, {list(first[2])} by the config"
                   if isinstance(first, (tuple, list)) and len(first) == 3 else str(first))
-        raise DepthlabError(f"cannot load {where!r}: {len(mismatched)} weight(s) of another shape than config.json "
+        raise DepthlabError(f"{refuse}: {len(mismatched)} weight(s) of another shape than config.json "
                             f"says ({detail})")
     bad = first_nonfinite(("weights", dict(model.state_dict())))
     if bad is not None:

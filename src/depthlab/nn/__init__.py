@@ -5,12 +5,16 @@ from depthlab._lazy import lazy_exports
 
 __all__ = [
     "Attention", "RotaryEmbedding", "SwiGLU", "GeluMLP", "RMSNorm", "GroupRMSNorm", "LayerNorm", "GroupLayerNorm",
-    "Scale", "ScalarGain", "ChannelGain", "PreNormBlock", "PostNormBlock", "DyT", "Identity",
+    "Scale", "ScalarGain", "ChannelGain", "PreNormBlock", "PostNormBlock", "DyT", "Identity", "HyperBlock",
+    "HyperConnection", "DynamicHyperConnection", "ManifoldHyperConnection", "DynamicManifoldHyperConnection",
+    "StreamExpand", "StreamCollapse",
 ]
 
 __getattr__ = lazy_exports(__name__, {
     "Identity": "torch.nn:Identity",  # an off slot
     "DyT": "depthlab.nn.dyt",
+    **dict.fromkeys(("HyperBlock", "HyperConnection", "DynamicHyperConnection", "ManifoldHyperConnection",
+                     "DynamicManifoldHyperConnection", "StreamExpand", "StreamCollapse"), "depthlab.nn.hyper"),
     **dict.fromkeys(("Attention", "RotaryEmbedding"), "depthlab.nn.attention"),
     **dict.fromkeys(("PostNormBlock", "PreNormBlock"), "depthlab.nn.blocks"),
     **dict.fromkeys(("GeluMLP", "SwiGLU"), "depthlab.nn.mlp"),

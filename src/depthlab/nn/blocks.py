@@ -53,13 +53,15 @@ class PreNormBlock(nn.Module):
 
 
 class PostNormBlock(nn.Module):
-    """Post-LN block and its variants (Mix-LN's first blocks, DeepNorm's alpha, Admin's omega).
+    """Post-LN block and its variants (Mix-LN's first blocks, DeepNorm's alpha, Admin's omega, KEEL).
 
-        x ─┬─ attn ─ out ──┐
-           └─ resid ───── (+) ─ norm ─► x'        (same again with ffn)
+        x ─┬─ in ─ attn ─ out ──┐
+           └─ resid ────────── (+) ─ norm ─► x'        (same again with ffn)
+
+    KEEL puts a norm in ``*_in`` (LN(alpha·x + F(LN(x)))) and alpha = 2L in ``*_resid``.
     """
 
-    SLOTS = ("attn_resid", "attn_out", "attn_norm", "ffn_resid", "ffn_out", "ffn_norm")
+    SLOTS = ("attn_in", "attn_resid", "attn_out", "attn_norm", "ffn_in", "ffn_resid", "ffn_out", "ffn_norm")
 
     def __init__(self, layer: int, attn: nn.Module, ffn: nn.Module, norm: NormFactory, **slots: nn.Module):
         super().__init__()
@@ -68,6 +70,6 @@ class PostNormBlock(nn.Module):
         _fill(self, slots, {s: norm if s.endswith("_norm") else None for s in self.SLOTS})
 
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
-        x = self.attn_norm(self.attn_resid(x) + self.attn_out(self.attn(x, rope)))
-        x = self.ffn_norm(self.ffn_resid(x) + self.ffn_out(self.ffn(x)))
+        x = self.attn_norm(self.attn_resid(x) + self.attn_out(self.attn(self.attn_in(x), rope)))
+        x = self.ffn_norm(self.ffn_resid(x) + self.ffn_out(self.ffn(self.ffn_in(x))))
         return x

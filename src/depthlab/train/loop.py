@@ -169,7 +169,7 @@ def _start_session(family: TrainFamily, run: RunSetup, data: TrainData, config: 
     if cfg.compile:
         model.compile()
     module = D.wrap(model, env, device, family.loss_module)
-    optimizer = build_optimizer(model.parameters(), cfg, device)
+    optimizer = build_optimizer(model, cfg, device)
     resumed = _restore(run.out, module, model, optimizer, env) if run.resume else {}
     metrics = MetricsLog(run.out / "metrics.jsonl", env.is_main, resumed.get("start"), cfg.tensorboard)
     forward = Forward(module, device, autocast_for(cfg, device))

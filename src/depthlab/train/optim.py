@@ -1,21 +1,44 @@
-"""Optimiser and learning-rate schedule: Adam/AdamW, linear warm-up then cosine to min_lr_ratio."""
+"""Optimiser and learning-rate schedule: Adam/AdamW, linear warm-up then cosine to min_lr_ratio.
+
+A scheme may declare trainer-side rules (``Scheme.optim_rules``: CompleteP's depth-scaled learning
+rates and epsilon): the parameters are grouped by their learning-rate multiplier (``lr_scale`` in each
+param group, which ``set_lr`` applies to the schedule), and Adam's epsilon is multiplied by the scheme's
+``eps_scale``. A scheme without rules gets one group with multiplier 1, as before.
+"""
 
 from __future__ import annotations
 
 import math
 
 import torch
+from torch import nn
 
+from depthlab.schemes import OptimRules, get_scheme
 from depthlab.train.config import TrainConfig
 
 
-def build_optimizer(params, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """Adam or AdamW with the config's betas/eps/weight decay; fused kernels on CUDA."""
+def optim_rules(model: nn.Module) -> OptimRules:
+    """The rules the scheme of ``model`` (a depthlab model, holding its config as ``cfg``) declares."""
+    return get_scheme(model.cfg.scheme).optimizer_rules(model.cfg)
+
+
+def param_groups(model: nn.Module, rules: OptimRules) -> list[dict]:
+    """The model's parameters grouped by learning-rate multiplier, in order of first appearance."""
+    groups: dict[float, list[nn.Parameter]] = {}
+    for name, param in model.named_parameters():
+        groups.setdefault(float(rules.lr_scale(name)), []).append(param)
+    return [{"params": params, "lr_scale": scale} for scale, params in groups.items()]
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """Adam or AdamW with the config's betas/eps/weight decay and the scheme's rules; fused kernels on CUDA."""
+    rules = optim_rules(model)
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps * rules.eps_scale,
+                  weight_decay=cfg.weight_decay)
     if device.type == "cuda":
         kwargs["fused"] = True
-    return cls(params, **kwargs)
+    return cls(param_groups(model, rules), **kwargs)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -31,5 +54,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The scheduled ``lr`` times each group's ``lr_scale`` (1 for groups that carry none)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
