@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import logging
 import secrets
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -35,8 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from depthlab.errors import DepthlabError
-
-log = logging.getLogger(__name__)
 
 #: backend -> (the module it needs, the command that installs it).
 PACKAGES = {"tensorboard": ("tensorboard", "pip install tensorboard"),
@@ -160,6 +157,12 @@ class Trackers:
         for b in self.backends:
             b.scalars(scalars, int(record["step"]))
 
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        """Named scalars as they are (no metrics.jsonl mapping)."""
+        self.step = max(self.step, step)
+        for b in self.backends:
+            b.scalars(values, step)
+
     def finish(self, records: Iterable[dict[str, Any]] = (), report: str | Path | None = None,
                summary: str = "", title: str = "") -> None:
         """Log the block × step heatmap of ``records`` (the run's probe lines) and ``report`` (an HTML
@@ -189,3 +192,28 @@ def _run_id(run_dir: Path, backend: str) -> str:
         tmp.write_text(json.dumps(ids, indent=2) + "\n")
         tmp.replace(path)
     return ids[backend]
+
+
+def compare_group(cfg: Any, out: str | Path) -> str | None:
+    """The tracker group of a compare's runs: ``cfg.run_group`` or the compare's folder name (None: no
+    tracker asked for)."""
+    spec = TrackerSpec.of(cfg)
+    return (spec.group or Path(out).resolve().name) if spec.backends else None
+
+
+def log_compare(cfg: Any, out: str | Path, result: dict[str, Any]) -> None:
+    """A compare's own tracker run (``<out name>-compare``, in the runs' group): its table as scalars
+    ``compare/<scheme>/<column>``, its settings as config, and its report.html (TensorBoard: under
+    ``<out>/tensorboard``, with summary.md as text). Nothing when ``cfg`` (the compare's TrainConfig)
+    names no tracker."""
+    out = Path(out)
+    group = compare_group(cfg, out)
+    if group is None:
+        return
+    spec = TrackerSpec(cfg.tensorboard, cfg.wandb, cfg.trackio, group, f"{out.resolve().name}-compare")
+    trackers = Trackers.open(spec, out, result.get("settings"))
+    values = {f"compare/{row['scheme']}/{k}": float(v) for row in result["table"] for k, v in row.items()
+              if isinstance(v, int | float) and not isinstance(v, bool)}
+    trackers.scalars(values, 0)
+    summary = (out / "summary.md").read_text() if (out / "summary.md").is_file() else ""
+    trackers.finish(report=out / "report.html", summary=summary)
