@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> Trainer:
                              logging_steps=max(1, a.every), save_strategy="no",
                              disable_tqdm=True, dataloader_num_workers=0, use_cpu=not torch.cuda.is_available())
     torch.manual_seed(a.seed)
+    probe_every = a.every
 
     # readme:start hf-trainer
     from depthlab.hf import apply_layernorm_scaling
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> Trainer:
     model = AutoModelForCausalLM.from_config(config)
     apply_layernorm_scaling(model)                 # LNS (optional: the monitor reads any decoder)
     trainer = Trainer(model=model, args=args, train_dataset=train)
-    DepthMonitorCallback(probe_ids, every=a.every).attach(trainer)
+    DepthMonitorCallback(probe_ids, every=probe_every).attach(trainer)
     trainer.train()                                # log_history and report_to get depth/angular/block_01, ...
     # readme:end
 

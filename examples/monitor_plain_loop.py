@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> tuple[GPT, object]:
     held_out = eval_token_batches("builtin", tok, a.probe_rows * (a.seq_len + 1), a.seq_len + 1, a.probe_rows)
     model = GPT(tok.vocab_size, a.seq_len, a.layers, a.hidden, a.heads)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
-    steps, log_file = a.steps, (out / "depth.jsonl").open("w")
+    steps, probe_every, log_file = a.steps, a.every, (out / "depth.jsonl").open("w")
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = data[torch.randint(len(data), (a.batch,))]
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> tuple[GPT, object]:
     from depthlab.monitor import DepthMonitor
 
     probe_ids = next(iter(held_out))                      # a fixed held-out batch of token ids, (B, T + 1)
-    monitor = DepthMonitor(model, probe_ids, every=a.every, layers="transformer.h")
+    monitor = DepthMonitor(model, probe_ids, every=probe_every, layers="transformer.h")
     log(0, monitor.step(0))                               # before training
     for step in range(1, steps + 1):
         x, y = batch(step)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from monitor_readers import need, tb_scalars, wandb_history
 
 from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target
 from depthlab.diagnostics.runner import TextBatches
 from depthlab.diagnostics.tracking import depth_probe
 from depthlab.monitor import block_tag
-from monitor_readers import need, tb_scalars, wandb_history
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ, ROWS, STEPS, EVERY, L = 32, 4, 5, 2, 4

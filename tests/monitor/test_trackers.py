@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from monitor_readers import need, tb_scalars, tb_tags, wandb_history, wandb_records
 
 from depthlab.cli import main as cli_main
 from depthlab.errors import DepthlabError
 from depthlab.monitor.names import record_scalars
 from depthlab.monitor.trackers import TrackerSpec
-from monitor_readers import need, tb_scalars, tb_tags, wandb_history, wandb_records
 
 TINY = ["--preset", "tiny", "--set", "n_layers=4", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=48",
         "--tokenizer", "bytes", "--seq-len", "32", "--batch-size", "4", "--eval-tokens", "512", "--probe-batch-size", "4"]
@@ -54,8 +54,9 @@ def by_step(rows: list[dict], step_key: str) -> dict[int, dict]:
 
 
 def trackio_logs(tmp: Path, project: str, run: str) -> dict:
-    code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; "
-            f"print(json.dumps({{'logs': S.get_logs({project!r}, {run!r}), 'config': S.get_run_config({project!r}, {run!r})}}, default=str))")
+    code = ("import json; from trackio.sqlite_storage import SQLiteStorage as S; "
+            f"print(json.dumps({{'logs': S.get_logs({project!r}, {run!r}), "
+            f"'config': S.get_run_config({project!r}, {run!r})}}, default=str))")
     out = subprocess.run([sys.executable, "-c", code], env=env_for(tmp), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -111,6 +112,23 @@ def test_trackio_holds_exactly_the_metrics_jsonl_numbers_through_the_same_code_p
             assert rows[step][tag] == value, (step, tag)
     assert "depth_heatmap" in rows[6]
     assert got["config"]["train"]["steps"] == 6
+
+
+@need("tensorboard")
+def test_finetune_mirrors_its_metrics_to_tensorboard(tracked_run, tmp_path):
+    from depthlab.finetune.run import finetune
+    from depthlab.train import TrainConfig
+
+    _, run = tracked_run
+    cfg = TrainConfig(data="builtin-sft", steps=2, batch_size=2, seq_len=32, pack=False, eval_every=0, variance_every=1,
+                      log_every=1, probe_batch_size=2, tensorboard=True)
+    finetune(str(run), cfg, tmp_path / "sft", quiet=True)
+    got = tb_scalars(tmp_path / "sft" / "tensorboard")
+    want = expected(tmp_path / "sft")
+    assert {"train/loss", "eval/loss", "depth/angular/block_04"} <= {t for v in want.values() for t in v}
+    for step, values in want.items():
+        for tag, value in values.items():
+            assert got[tag][step] == np.float32(value), (step, tag)
 
 
 @need("wandb")

@@ -114,6 +114,7 @@ class DepthMonitor:
         self.forward = forward or default_forward(model)
         self.records: list[dict[str, Any]] = []  # {"step": s, "layer_angular": [...], ...} per probe, as metrics.jsonl
         self.seconds = 0.0  # time spent probing
+        self.timings: list[tuple[int, bool, float]] = []  # (step, with the removal sweep, seconds) per probe
         self.last_step: int | None = None
 
     @property
@@ -154,7 +155,9 @@ class DepthMonitor:
         else None."""
         if not self.due(step, last):
             return None
-        series = self.probe(removal=self.removal_due(step, last))
+        removal, before = self.removal_due(step, last), self.seconds
+        series = self.probe(removal=removal)
+        self.timings.append((step, removal, self.seconds - before))
         self.last_step = step
         self.records.append({"step": step, **series})
         return probe_scalars(series)
