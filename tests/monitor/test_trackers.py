@@ -120,7 +120,7 @@ def test_finetune_mirrors_its_metrics_to_tensorboard(tracked_run, tmp_path):
     from depthlab.train import TrainConfig
 
     _, run = tracked_run
-    cfg = TrainConfig(data="builtin-sft", steps=2, batch_size=2, seq_len=32, pack=False, eval_every=0, variance_every=1,
+    cfg = TrainConfig(data="builtin-sft", steps=2, batch_size=2, seq_len=256, pack=False, eval_every=0, variance_every=1,
                       log_every=1, probe_batch_size=2, tensorboard=True)
     finetune(str(run), cfg, tmp_path / "sft", quiet=True)
     got = tb_scalars(tmp_path / "sft" / "tensorboard")

@@ -17,7 +17,6 @@ The HF reporters prefix keys that are not ``eval_*`` with ``train/`` (``rewrite_
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -25,8 +24,6 @@ from transformers import TrainerCallback
 
 from depthlab.errors import DepthlabError
 from depthlab.monitor.core import DepthMonitor, LayersArg
-
-log = logging.getLogger(__name__)
 
 
 class DepthMonitorCallback(TrainerCallback):
@@ -50,7 +47,7 @@ class DepthMonitorCallback(TrainerCallback):
             trainer.add_callback(self)
         return self
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):  # noqa: ANN001 - the Trainer's signature
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         if self.trainer is None:
             raise DepthlabError("DepthMonitorCallback needs its Trainer to log through: "
                                 "DepthMonitorCallback(probe_ids, every=N).attach(trainer) before trainer.train()")
@@ -59,11 +56,11 @@ class DepthMonitorCallback(TrainerCallback):
         if self.at_start and state.global_step == 0:
             self._probe(0, last=False)
 
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
+    def on_step_end(self, args, state, control, **kwargs):
         last = state.global_step >= state.max_steps or control.should_training_stop
         self._probe(state.global_step, last)
 
-    def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001
+    def on_train_end(self, args, state, control, **kwargs):
         if self.monitor is not None and self.monitor.last_step != state.global_step:  # stopped early
             self._probe(state.global_step, last=True)
 
