@@ -103,3 +103,20 @@ def test_report_to_wandb_offline_got_the_same_numbers(hf_run):
         for tag, value in h.items():
             if tag.startswith("depth"):
                 assert by_step[step][f"train/{tag}"] == value
+
+
+def test_a_callback_that_was_not_attached_says_how_to_attach_it(tmp_path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from depthlab.errors import DepthlabError
+    from depthlab.monitor import DepthMonitorCallback
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    rows = torch.randint(0, 20, (8, 9))
+    data = [{"input_ids": r, "labels": r} for r in rows]
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, report_to=[], use_cpu=True, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[DepthMonitorCallback(rows[:2], every=1)])
+    with pytest.raises(DepthlabError, match=r"\.attach\(trainer\) before trainer.train\(\)"):
+        trainer.train()
