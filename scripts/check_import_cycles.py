@@ -162,6 +162,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loading anything measurable", ("targets",)),
     ("evaluation", ("evaluate",)),
     ("diagnostics", ("diagnostics",)),
+    ("depth monitoring and experiment trackers", ("monitor",)),
     ("training", ("train",)),
     ("fine-tuning", ("finetune",)),
     ("pruning", ("prune",)),

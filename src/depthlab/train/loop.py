@@ -30,6 +30,7 @@ from torch import nn
 
 from depthlab.config import ModelConfig
 from depthlab.errors import DepthlabError
+from depthlab.monitor.trackers import TrackerSpec
 from depthlab.store.checkpoint import load_intact, remove_stale_tmp, save_checkpoint, set_rng_state
 from depthlab.store.integrity import first_nonfinite
 from depthlab.store.lock import RunGuard, run_guard
@@ -171,7 +172,7 @@ def _start_session(family: TrainFamily, run: RunSetup, data: TrainData, config: 
     module = D.wrap(model, env, device, family.loss_module)
     optimizer = build_optimizer(model, cfg, device)
     resumed = _restore(run.out, module, model, optimizer, env) if run.resume else {}
-    metrics = MetricsLog(run.out / "metrics.jsonl", env.is_main, resumed.get("start"), cfg.tensorboard)
+    metrics = MetricsLog(run.out / "metrics.jsonl", env.is_main, resumed.get("start"), TrackerSpec.of(cfg), config)
     forward = Forward(module, device, autocast_for(cfg, device))
     evaluator = family.evaluator(forward, data, env, model, cfg)
     return _Session(run, env, model, module, optimizer, forward, data, evaluator, metrics, config, **resumed)

@@ -1,7 +1,9 @@
-"""metrics.jsonl of a run (rank 0 only), optionally mirrored to tensorboard.
+"""metrics.jsonl of a run (rank 0 only), optionally mirrored to experiment trackers.
 
 One JSON object per line, each with ``step``: train lines (loss, lr, tokens, tokens_per_s,
-grad_norm), eval lines (eval_loss, eval_ppl, eval_tokens) and probe lines (layer_variance).
+grad_norm), eval lines (eval_loss, eval_ppl, eval_tokens) and probe lines (layer_variance, ...).
+Each line also goes to the trackers the run names (TensorBoard, W&B, trackio:
+:mod:`depthlab.monitor.trackers`), which get the depth heatmap when the log closes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from depthlab.errors import DepthlabError
+from depthlab.monitor.trackers import Trackers, TrackerSpec
 
 log = logging.getLogger(__name__)
 
@@ -46,37 +48,30 @@ class MetricsLog:
     """Appends records to ``path``; on resume (``keep_until`` = the checkpoint's step) first drops
     the lines written after that step. Does nothing on ranks other than 0 (``enabled=False``)."""
 
-    def __init__(self, path: Path, enabled: bool, keep_until: int | None, tensorboard: bool) -> None:
-        self.enabled, self.path, self.tb = enabled, path, None
+    def __init__(self, path: Path, enabled: bool, keep_until: int | None, trackers: TrackerSpec | None = None,
+                 config: dict[str, Any] | None = None) -> None:
+        self.enabled, self.path, self.trackers = enabled, path, None
         if not enabled:
             return
         if keep_until is not None and path.is_file():  # resuming: drop lines past the checkpoint
             _truncate_after(path, keep_until)
+        if trackers is not None and trackers.backends:
+            self.trackers = Trackers.open(trackers, path.parent, config, keep_until)
         self.f = path.open("a")
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise DepthlabError("--tensorboard needs the tensorboard package "
-                                    "(pip install 'depthlab[logging]')") from None
-            self.tb = SummaryWriter(str(path.parent / "tensorboard"))
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append ``record`` (and its numbers to tensorboard; list values as one scalar per block)."""
+        """Append ``record`` (and send it to the trackers)."""
         if not self.enabled:
             return
         self.f.write(json.dumps(record) + "\n")
         self.f.flush()
-        if self.tb is not None:
-            for k, v in record.items():
-                if isinstance(v, list):
-                    for i, x in enumerate(v, 1):
-                        self.tb.add_scalar(f"{k}/{i:03d}", x, record["step"])
-                elif k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, record["step"])
+        if self.trackers is not None:
+            self.trackers.write(record)
 
     def close(self) -> None:
+        """Close the file; the trackers get the depth heatmap of every probe line in it, then close."""
         if self.enabled:
             self.f.close()
-            if self.tb is not None:
-                self.tb.close()
+            if self.trackers is not None:
+                lines = [json.loads(ln) for ln in self.path.read_text().splitlines() if ln.strip()]
+                self.trackers.finish(lines)
