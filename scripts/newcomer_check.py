@@ -38,7 +38,7 @@ TOY: tuple[tuple[str, str], ...] = (
     (r"--heal-steps \d+", "--heal-steps 2"), (r"--diag-tokens \d+", "--diag-tokens 512"),
     (r"--tokens \d+", "--tokens 512"), (r"--seeds 0,1,2", "--seeds 0,1"), (r"--depth \d+", "--depth 64"),
     (r"--preset (llama|qwen)\S*", "--preset tiny"), (r"--batch-size \d{3,}", "--batch-size 8"),
-    (r"\bsteps=\d+", "steps=3"), (r"\btokens=\d+", "tokens=512"),  # python blocks
+    (r"\bsteps=\d+", "steps=3, eval_tokens=2048"), (r"\btokens=\d+", "tokens=512"),  # python blocks
     (r"DiagnoseOptions\(", "DiagnoseOptions(jacobian=False, "),
 )
 #: Arguments appended to commands of a kind (toy sizes the README's flags do not reach).
@@ -48,6 +48,7 @@ APPEND: tuple[tuple[str, str], ...] = (
     (r"^depthlab prune", "--tokens 256"),
     (r"^depthlab prune smollm2", "--method angular-block"),
     (r"^depthlab evaluate", "--limit 8"),
+    (r"^depthlab train", "--eval-tokens 2048"),
     (r"^depthlab finetune", "--steps 2"),
     (r"--preset vit-s\b", "--batch-size 8 --set n_layers=2 --steps 2"),
 )
