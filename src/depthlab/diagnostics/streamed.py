@@ -16,7 +16,8 @@ stream's L+1 states go to it too when ``keep_states`` (angular distance of all p
 **Memory.** One layer's weights (in the compute dtype) + the streams + the base states of the batches in
 flight + one layer call's activations. The streams of a batch live in one tensor (slots, B, T, D), slots
 ordered by birth so the live ones are a prefix, applied in chunks of at most ``max_rows`` token rows.
-When all batches' streams would not fit ``memory_budget``, the batches are split into groups, one pass
+When all batches' streams would not fit ``stream_budget`` (by default: what the free memory leaves beside
+two copies of a layer and its activations), the batches are split into groups, one pass
 over the weights each (each layer is then read once per group).
 
 **Resume.** With ``state_dir``, after each layer the live streams (and the new base state) are saved
@@ -86,7 +87,7 @@ class Consumer(Protocol):
 @dataclass
 class SweepSettings:
     state_dir: Path | None = None  # where the resume state lives (None: not resumable)
-    memory_budget: int | None = None  # bytes for one layer, its activations, the streams (None: from free memory)
+    stream_budget: int | None = None  # bytes for the streams and kept states of a group (None: from free memory)
     max_rows: int | None = None  # token rows per layer call (None: from the activation budget)
     progress: bool = True  # a progress line with an ETA
     on_layer: Callable[[str, int, int], None] | None = None  # (pass, group, layer) after each saved layer
@@ -261,18 +262,21 @@ class Sweeper:
 
     # ------------------------------------------------------------------ planning
     def _budget(self) -> tuple[int | None, int]:
-        """(bytes for the streams, or None when unbounded; token rows per layer call)."""
+        """(bytes for the streams and kept states, or None when unbounded; token rows per layer call). From the
+        free memory: a fraction of it, less two layers (the weights as read and in the compute dtype) and the
+        activations of one layer call."""
         src, s = self.source, self.settings
-        free = s.memory_budget if s.memory_budget is not None else available_memory(self.target.device)
+        free = available_memory(self.target.device)
         layer = max(src.layer_numel(i) for i in range(src.n_layers)) * self.elem
         d_ff = int(self.target.info.get("d_ff") or 4 * self.d_model)
         per_row = self.elem * (3 * d_ff + 8 * self.d_model) + 4 * int(self.target.info.get("n_heads") or 1) * 512
         act = ACTIVATION_BYTES if free is None else min(ACTIVATION_BYTES, int(ACTIVATION_FRACTION * free))
         rows = s.max_rows or max(1, act // per_row)
+        if s.stream_budget is not None:
+            return s.stream_budget, rows
         if free is None:
             return None, rows
-        room = int(MEMORY_FRACTION * free) - 2 * layer - rows * per_row
-        return room, rows
+        return int(MEMORY_FRACTION * free) - 2 * layer - rows * per_row, rows
 
     def _groups(self, batches: Sequence[SweepBatch], n_slots: int, keep_states: bool) -> list[range]:
         """Consecutive batches whose streams (and kept states) fit the budget; one weight pass each."""

@@ -220,7 +220,10 @@ class LayerSource:
 
     # ------------------------------------------------------------------ structure
     def _names(self) -> dict[int, str]:
-        return {id(m): name for name, m in self.skeleton.named_modules()}
+        """Module -> its dotted name in the skeleton (cached: the structure never changes)."""
+        if getattr(self, "_names_cache", None) is None:
+            self._names_cache = {id(m): name for name, m in self.skeleton.named_modules()}
+        return self._names_cache
 
     @property
     def layers(self) -> nn.ModuleList:
