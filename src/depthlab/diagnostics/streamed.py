@@ -101,6 +101,8 @@ class SweepStats:
     weight_passes: int = 0  # passes over the weights (groups of every sweep)
     layers_computed: int = 0  # layers read and applied in this process
     block_evals: int = 0  # (stream, batch, layer) applications
+    token_evals: int = 0  # (stream, token, layer) applications: a layer's FLOPs per token times this is the work
+    head_tokens: int = 0  # (stream, token) through the final norm and the head
     resumed: list[dict[str, int]] = field(default_factory=list)  # {"pass", "group", "layer"} continued after
     seconds: float = 0.0
     stream_bytes: int = 0  # the largest group's streams + kept states
@@ -321,7 +323,8 @@ class Sweeper:
         layout = _Layout.of(streams, L)
         self._rows = self._budget()[1]
         groups = self._groups(batches, len(streams), keep_states)
-        state = PassState(self.settings.state_dir, name, self._fingerprint(name, batches, streams, keep_states, groups))
+        state = PassState(self._state_root(), name,
+                          self._fingerprint(name, batches, streams, keep_states, groups))
         t0 = time.perf_counter()
         self.stats.passes += 1
         done = state.done()
@@ -342,6 +345,20 @@ class Sweeper:
                             state, bar)
                 state.save_group(g, consumer.state_dict(), last=g == len(groups) - 1)
         self.stats.seconds += time.perf_counter() - t0
+
+    def _state_root(self) -> Path | None:
+        """Where this sweep saves its progress: the settings' directory, unless its disk cannot hold the saved
+        streams and states of a group twice over (then the sweep runs without, after a warning)."""
+        root = self.settings.state_dir
+        if root is None:
+            return None
+        root.mkdir(parents=True, exist_ok=True)
+        need, free = 2 * self.stats.stream_bytes, shutil.disk_usage(root).free
+        if need > free:
+            log.warning("not saving the sweep's progress in %s: it needs about %s, %s are free (an interrupted sweep "
+                        "will start over)", root, gib(need), gib(free))
+            return None
+        return root
 
     def _units(self, layout: _Layout, batches: Sequence[SweepBatch], groups: list[range]) -> int:
         L = self.source.n_layers
@@ -418,6 +435,7 @@ class Sweeper:
                         out = call(layer, buf[c:d].reshape((d - c) * B, T, -1))
                         buf[c:d] = out.reshape(d - c, B, T, -1)
                         self.stats.block_evals += d - c
+                        self.stats.token_evals += (d - c) * B * T
                         bar.update(d - c)
         self.stats.layers_computed += 1
 
@@ -431,6 +449,7 @@ class Sweeper:
                 for s, stream in enumerate(layout.order):
                     h = buf[s] if layout.born[s] <= L else buf[0]
                     consumer.logits(stream, offset + i, batch, head(h))
+                    self.stats.head_tokens += batch.ids.numel()
                     bar.update(1)
 
 

@@ -253,7 +253,8 @@ def _engine(measure: StreamedMeasure, after: StreamedMeasure, plan: Any) -> dict
     return {"name": "streamed", "line": plan.line if plan is not None else "streamed, one layer at a time",
             "compute_dtype": str(measure.target.source.compute_dtype).replace("torch.", ""),
             "sweeps": st.passes, "weight_passes": st.weight_passes, "layers_computed": st.layers_computed,
-            "block_evals": st.block_evals, "bytes_read": meter.bytes_read, "peak_weight_bytes": meter.peak,
+            "block_evals": st.block_evals, "token_evals": st.token_evals, "head_tokens": st.head_tokens,
+            "sweep_seconds": round(st.seconds, 2), "bytes_read": meter.bytes_read, "peak_weight_bytes": meter.peak,
             "stream_bytes": st.stream_bytes, "resumed": st.resumed,
             "pruned_sweeps": after.sweeper.stats.passes, "pruned_bytes_read": after.target.source.store.meter.bytes_read,
             "not_done": "healing and generation latency (they need the model in memory)"}
