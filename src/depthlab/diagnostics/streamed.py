@@ -338,8 +338,8 @@ class Sweeper:
         if last is not None:
             consumer.load_state_dict(last[1])
             first = last[0] + 1
-        with progress(self._units(layout, batches, groups[first:]), f"{name}: {L} layers, {len(streams)} streams",
-                      "block", self.settings.progress) as bar:
+        desc = f"{name}: {L} layers, {len(streams)} stream" + ("s" if len(streams) > 1 else "")
+        with progress(self._units(layout, batches, groups[first:]), desc, "block", self.settings.progress) as bar:
             for g in range(first, len(groups)):
                 self._group(name, g, [batches[i] for i in groups[g]], groups[g].start, layout, keep_states, consumer,
                             state, bar)

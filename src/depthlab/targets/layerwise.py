@@ -423,8 +423,11 @@ def locate(name: str) -> Located | str:
         return _locate_run(path)
     if not (path / "config.json").is_file():
         return f"{name!r} holds no config.json"
-    config = json.loads((path / "config.json").read_text())
-    model_type = config.get("model_type")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        return f"its config.json is unreadable ({first_line(err)[:100]})"
+    model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type not in SUPPORTED_MODEL_TYPES:
         return f"model type {model_type!r} is not streamable; streaming knows {', '.join(SUPPORTED_MODEL_TYPES)}"
     files = safetensors_files(path)
@@ -437,7 +440,10 @@ def _locate_run(path: Path) -> Located | str:
     ckpt = intact_checkpoint(path)
     if isinstance(ckpt, str):
         return ckpt
-    config = json.loads((ckpt / "config.json").read_text())
+    try:
+        config = json.loads((ckpt / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        return f"its config.json is unreadable ({first_line(err)[:100]})"
     if config.get("family", "lm") != "lm":
         return f"a {config.get('family')} run is not streamable (only decoder LM runs are)"
     return Located("run", ckpt, (ckpt / "model.safetensors",), config)
