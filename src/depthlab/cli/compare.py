@@ -38,7 +38,7 @@ TRAIN = Section("train", TrainConfig, exclude=("seed",), title="training (every 
                 choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES},
                 helps={"data": "training data (default builtin: the King James Bible; ViT presets: digits, or a folder "
                                "of class sub-folders, or hf:NAME)"})
-DIAGNOSE = Section("diagnose", DiagnoseOptions, prefix="diag-", exclude=("progress",), rename={"jacobian": "jacobian"},
+DIAGNOSE = Section("diagnose", DiagnoseOptions, prefix="diag-", exclude=("progress", "stream"), rename={"jacobian": "jacobian"},
                    title="diagnosis (every run)", helps={"tokens": "held-out tokens for the diagnostics (default 16384)"})
 DOWNSTREAM = Section("downstream", Downstream, prefix="finetune-", title="downstream (paper Table 2): fine-tune each "
                      "run, then evaluate it", rename={"finetune": "finetune", "tasks": "eval", "limit": "eval-limit",

@@ -42,21 +42,23 @@ CPU_JACOBIAN_MAX_WIDTH = 256  # a block Jacobian costs about D backward passes
 
 
 def resolve_defaults(tokens: int | None, jacobian: bool | None, device_type: str, n_params: int, d_model: int | None,
-                     seq_len: int) -> tuple[int, bool, str | None]:
-    """(tokens, jacobian, the one line saying what was chosen, or None when the user chose both)."""
+                     seq_len: int, engine: str | None = None) -> tuple[int, bool, str | None]:
+    """(tokens, jacobian, the one line saying what was chosen and, given ``engine``, which engine runs and why;
+    None when the user chose both and no engine is named)."""
     if device_type != "cpu":
         t, j = GPU_TOKENS, True
     else:
         t = int(min(CPU_MAX_TOKENS, max(CPU_MIN_TOKENS, CPU_TOKENS_135M * 135e6 / max(n_params, 1))))
         t = max(seq_len, t // seq_len * seq_len)
         j = d_model is not None and d_model <= CPU_JACOBIAN_MAX_WIDTH
+    where = f"; engine: {engine}" if engine else ""
     if tokens is not None and jacobian is not None:
-        return tokens, jacobian, None
+        return tokens, jacobian, f"diagnose on {device_type}: engine: {engine}" if engine else None
     tokens = t if tokens is None else tokens
     jacobian = j if jacobian is None else jacobian
     more = "--tokens 262144 --jacobian (the paper's scale; best on a GPU)" if device_type == "cpu" else "--tokens N"
     line = (f"diagnose on {device_type}: {tokens:,} tokens, removal sweep, Jacobians {'on' if jacobian else 'off'} "
-            f"(defaults for a {n_params / 1e6:.0f}M-parameter model on this device); for more: {more}")
+            f"(defaults for a {n_params / 1e6:.0f}M-parameter model on this device){where}; for more: {more}")
     return tokens, jacobian, line
 
 
@@ -117,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from depthlab.diagnostics import diagnose, load_target, write_report
+    from depthlab.diagnostics.streamed_runner import plan_engine
     from depthlab.errors import DepthlabError
     from depthlab.provenance import command_line
 
@@ -130,6 +133,10 @@ def run(args: argparse.Namespace) -> int:
     mc = given.get("mc")
     if mc is not None and mc != "builtin-mc" and not mc.startswith("hf:") and not Path(mc).is_file():
         raise DepthlabError(f"multiple-choice file {mc!r} does not exist")
+    out = Path(args.out or Path("reports") / Path(args.target.replace("preset:", "")).name.replace(".gguf", ""))
+    plan = plan_engine(args.target, device, dtype, given.get("stream"))
+    if plan.streamed:
+        return _run_streamed(args, given, plan, device, dtype, out)
     target = load_target(args.target, device=device, dtype=dtype, scheme=args.scheme,
                          progress=None if given.get("progress", True) else False)
     given["seq_len"] = _seq_len(given.get("seq_len"), target)
@@ -137,13 +144,44 @@ def run(args: argparse.Namespace) -> int:
         log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", args.target)
     n_params = sum(p.numel() for p in target.model.parameters())
     given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), given.get("jacobian"), device.type,
-                                                                  n_params, target.info.get("d_model"), given["seq_len"])
+                                                                  n_params, target.info.get("d_model"), given["seq_len"],
+                                                                  plan.line)
     if chosen:
         print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails
     opts = DiagnoseOptions(**given)  # progress: a bar on a terminal, ETA log lines otherwise
     report = diagnose(target, opts, command=command_line(args.argv))
-    out = Path(args.out or Path("reports") / Path(args.target.replace("preset:", "")).name.replace(".gguf", ""))
+    report["engine"] = {"name": "in-memory", "line": plan.line}
     page = write_report(report, out)
+    if report["data"]["short"]:
+        print(f"note: the data held only {report['data']['tokens']} tokens (asked for {opts.tokens}); used what there is",
+              file=sys.stderr)
+    print(report["summary"])
+    print(f"report: {page}")
+    return 0
+
+
+def _run_streamed(args: argparse.Namespace, given: dict, plan, device, dtype, out) -> int:
+    """The model read one layer at a time (``depthlab.diagnostics.streamed_runner``); its resume state lives
+    under ``out/.stream-state`` until the report is written."""
+    from depthlab.diagnostics import write_report
+    from depthlab.diagnostics.streamed_runner import compute_dtype, diagnose_streamed, finish
+    from depthlab.errors import DepthlabError
+    from depthlab.provenance import command_line
+    from depthlab.targets.layerwise import open_layerwise
+
+    if given.get("jacobian"):
+        raise DepthlabError("--jacobian needs the model in memory (block Jacobians are not streamed); drop --jacobian "
+                            "or add --no-stream")
+    target = open_layerwise(args.target, device, dtype, compute_dtype(device, dtype))
+    given["seq_len"] = _seq_len(given.get("seq_len"), target)
+    given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), False, device.type,
+                                                                  target.info["n_params"], target.info["d_model"],
+                                                                  given["seq_len"], plan.line)
+    print(chosen, flush=True)
+    opts = DiagnoseOptions(**given)
+    report = diagnose_streamed(target, opts, command=command_line(args.argv), out=out, plan=plan)
+    page = write_report(report, out)
+    finish(out)
     if report["data"]["short"]:
         print(f"note: the data held only {report['data']['tokens']} tokens (asked for {opts.tokens}); used what there is",
               file=sys.stderr)

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     from depthlab.cli.diagnose import _device_dtype
     from depthlab.diagnostics import load_target
+    from depthlab.diagnostics.streamed_runner import STATE_DIR, plan_engine
     from depthlab.errors import DepthlabError
     from depthlab.prune import check_options, prune_target
     from depthlab.prune.heal import check_heal
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.out:
         raise DepthlabError("give --out DIR for the pruned checkpoint")
     out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or any(p.name != STATE_DIR for p in out.iterdir())):
         raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
     given = PRUNE.given(args)
     progress = given.pop("progress", True) and sys.stderr.isatty()
@@ -77,12 +78,27 @@ def run(args: argparse.Namespace) -> int:
     check_heal(heal)  # e.g. --heal lora without peft: before the model is loaded
     check_options(opts, n_layers=10**9)  # what needs no model; the range checks follow once it is loaded
     device, dtype = _device_dtype(args)
-    target = load_target(args.target, device=device, dtype=dtype, progress=progress)
-    report = prune_target(target, opts, out, command="depthlab prune " + " ".join(shlex.quote(a) for a in _argv(args)))
+    plan = plan_engine(args.target, device, dtype, opts.stream)
+    print(f"prune on {device.type}: engine: {plan.line.replace('; block Jacobians are in-memory only: off', '')}",
+          flush=True)
+    command = "depthlab prune " + " ".join(shlex.quote(a) for a in _argv(args))
+    if plan.streamed:
+        from depthlab.diagnostics.streamed_runner import compute_dtype
+        from depthlab.prune.streamed import prune_streamed
+        from depthlab.targets.layerwise import open_layerwise
+
+        target = open_layerwise(args.target, device, dtype, compute_dtype(device, dtype))
+        report = prune_streamed(target, opts, out, command=command, plan=plan)
+    else:
+        target = load_target(args.target, device=device, dtype=dtype, progress=progress)
+        report = prune_target(target, opts, out, command=command)
     exp = report["export"]
     print(report.get("summary") or "")
-    print(f"export check: max |Δ logit| = {exp['max_abs_logit_diff']:.3e} (reloaded vs in-memory pruned), "
-          f"generate with KV cache {'ok' if exp['generate_cache_matches_no_cache'] else 'DIFFERS from no cache'}")
+    cached = exp["generate_cache_matches_no_cache"]
+    versus = "the original with those blocks skipped, streamed" if plan.streamed else "in-memory pruned"
+    generate = "not checked (too big to load)" if cached is None else "ok" if cached else "DIFFERS from no cache"
+    print(f"export check: max |Δ logit| = {exp['max_abs_logit_diff']:.3e} (reloaded vs {versus}), "
+          f"generate with KV cache {generate}")
     print(f"wrote {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) loads it; report: {out / 'report.html'}")
     if report.get("run_dir"):
         print(f"depthlab run directory: {report['run_dir']} (depthlab diagnose / depthlab train --init-from accept it)")

@@ -6,6 +6,9 @@ layerwise variance, block Jacobians; ``depthlab diagnose`` and its report.
     report = diagnose(target, DiagnoseOptions(tokens=8192))
     write_report(report, "reports/smollm2")
 
+Models larger than memory: ``diagnose_streamed(open_layerwise(path), opts)`` reads one layer at a time
+(:mod:`~depthlab.diagnostics.streamed`, :mod:`~depthlab.diagnostics.streamed_runner`; ``plan_engine`` decides).
+
 Lower level: :class:`ResidualCapture` (hooks reading the residual stream, replay for removal),
 :class:`AngularAccumulator`, :class:`VarianceAccumulator`, :class:`RemovalAccumulator`, :class:`MCAccumulator`,
 :func:`block_jacobians`.
@@ -28,12 +31,14 @@ __all__ = [
     "block_jacobian",
     "block_jacobians",
     "diagnose",
+    "diagnose_streamed",
     "find_layers",
     "joint_removal_loss",
     "load_mc",
     "load_target",
     "nll_sum",
     "pair_matrix_to_layout",
+    "plan_engine",
     "removable_blocks",
     "render_html",
     "summary_sentence",
@@ -49,6 +54,7 @@ __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("render_html", "write_report"), "depthlab.diagnostics.report"),
     **dict.fromkeys(("DiagnoseOptions", "diagnose"), "depthlab.diagnostics.runner"),
     **dict.fromkeys(("removable_blocks", "summary_sentence"), "depthlab.diagnostics.summary"),
+    **dict.fromkeys(("diagnose_streamed", "plan_engine"), "depthlab.diagnostics.streamed_runner"),
     "VarianceAccumulator": "depthlab.diagnostics.variance",
     **dict.fromkeys(("SHORT_NAMES", "Target", "load_target"), "depthlab.targets"),
 })

@@ -76,24 +76,33 @@ class MCAccumulator:
     def run(self, capture: ResidualCapture, encode: Callable[[str], list[int]], batch_size: int, device: torch.device,
             pad_id: int = 0, max_len: int | None = None, removal: bool = True, progress=None, prefix_id: int = 0
             ) -> None:
-        pairs = _encode_pairs(self.items, encode, max_len, prefix_id)
-        pairs.sort(key=lambda p: len(p[2]))  # similar lengths together: little padding
-        for a in range(0, len(pairs), batch_size):
-            chunk = pairs[a:a + batch_size]
-            T = max(len(p[2]) for p in chunk)
-            ids = torch.full((len(chunk), T), pad_id, dtype=torch.long)
-            for r, p in enumerate(chunk):  # right padding: causal models never look at it
-                ids[r, : len(p[2])] = torch.tensor(p[2])
+        for chunk, ids in self.batches(encode, batch_size, pad_id, max_len, prefix_id):
             ids = ids.to(device)
             logits, states = capture.run(ids)
-            self._score(0, chunk, ids, logits)
+            self.score(0, chunk, ids, logits)
             if removal:
                 for l in range(1, self.n_layers + 1):
-                    self._score(l, chunk, ids, capture.run_skipping(ids, states, {l}))
+                    self.score(l, chunk, ids, capture.run_skipping(ids, states, {l}))
             if progress is not None:
                 progress(len(chunk))
 
-    def _score(self, row: int, chunk, ids: torch.Tensor, logits: torch.Tensor) -> None:
+    def batches(self, encode: Callable[[str], list[int]], batch_size: int, pad_id: int = 0, max_len: int | None = None,
+                prefix_id: int = 0) -> list[tuple[list, torch.Tensor]]:
+        """(chunk of choices, right-padded token ids (B, T)) per forward, similar lengths together."""
+        pairs = _encode_pairs(self.items, encode, max_len, prefix_id)
+        pairs.sort(key=lambda p: len(p[2]))  # similar lengths together: little padding
+        out = []
+        for a in range(0, len(pairs), batch_size):
+            chunk = pairs[a:a + batch_size]
+            ids = torch.full((len(chunk), max(len(p[2]) for p in chunk)), pad_id, dtype=torch.long)
+            for r, p in enumerate(chunk):  # right padding: causal models never look at it
+                ids[r, : len(p[2])] = torch.tensor(p[2])
+            out.append((chunk, ids))
+        return out
+
+    def score(self, row: int, chunk, ids: torch.Tensor, logits: torch.Tensor) -> None:
+        """Log-likelihood of each choice of ``chunk`` under ``logits`` (B, T, V), into row ``row`` (0: the full
+        model, l: block l removed)."""
         logp = torch.log_softmax(logits.float(), dim=-1)
         for r, (i, j, whole, start, nchars) in enumerate(chunk):
             tgt = ids[r, start: len(whole)]

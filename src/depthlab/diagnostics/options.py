@@ -34,3 +34,5 @@ class DiagnoseOptions:
     joint_check: bool = True  # verify the removable set by removing it jointly (a few extra passes)
     seed: int = 0  # seeds the sampled Jacobian positions
     progress: bool = True  # progress bars on a terminal, ETA log lines otherwise
+    # ---- engine
+    stream: bool | None = None  # read the model layer by layer; default: when it exceeds free memory (HF safetensors dirs, runs)

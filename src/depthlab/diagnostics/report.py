@@ -159,7 +159,8 @@ def render_html(report: dict[str, Any], out: Path) -> str:
                   _img(out, figs.get("jacobian_heatmaps"), "jacobian heatmaps")]
     parts += ["<h2>Per block</h2>", _per_block_table(report),
               "<h2>Provenance</h2>",
-              _kv([("command", report.get("command")), ("created", report.get("created")), ("seconds", report.get("seconds")),
+              _kv([("command", report.get("command")), ("engine", (report.get("engine") or {}).get("line")),
+                   ("created", report.get("created")), ("seconds", report.get("seconds")),
                    ("versions", ", ".join(f"{k} {v}" for k, v in (report.get("versions") or {}).items()))]),
               '<p class="muted">All numbers: report.json beside this page.</p>']
     return page(f"depthlab diagnose — {name}", (p + "\n" for p in parts if p))

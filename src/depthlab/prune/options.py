@@ -42,3 +42,5 @@ class PruneOptions:
     heal: HealOptions = field(default_factory=HealOptions)  # healing after the surgery
     latency_tokens: int = 16  # new tokens generated for the latency measurement
     progress: bool = True  # progress bars
+    # ---- engine
+    stream: bool | None = None  # read the model layer by layer (no healing, no latency); default: when it exceeds free memory

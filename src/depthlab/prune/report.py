@@ -34,12 +34,12 @@ def summary_sentence(r: dict[str, Any]) -> str:
     if loss.get("healed") is not None:
         healed = f", {loss['healed']:.4f} after {r['heal']['steps']} healing steps"
     c0, c1 = r["cost"]["original"], r["cost"]["pruned"]
+    latency = f"generation latency x{1 / r['latency']['speedup']:.2f}; " if r.get("latency") else ""
     return (f"Removed blocks {ranges(r['removed_blocks'])} ({r['method']}; {n['original']} -> {n['pruned']} blocks): "
             f"held-out loss {loss['original']:.4f} -> {loss['pruned']:.4f}{healed}; parameters -"
             f"{100 * (1 - c1['params'] / c0['params']):.1f}%, FLOPs/token -"
             f"{100 * (1 - c1['flops_per_token'] / c0['flops_per_token']):.1f}%; "
-            f"generation latency x{1 / r['latency']['speedup']:.2f}; export max |Δlogit| "
-            f"{r['export']['max_abs_logit_diff']:.2e}.")
+            f"{latency}export max |Δlogit| {r['export']['max_abs_logit_diff']:.2e}.")
 
 
 def _figures(data: dict[str, Any], out: Path) -> dict[str, Path]:
@@ -59,14 +59,15 @@ def _tables(r: dict[str, Any]) -> str:
     stages = [s for s in ("original", "pruned", "healed") if r["loss"].get(s) is not None]
     rows = [(s, f"{r['loss'][s]:.4f}", f"{r['ppl'][s]:.2f}") for s in stages]
     c0, c1 = r["cost"]["original"], r["cost"]["pruned"]
-    lat = r["latency"]
+    lat = r.get("latency")  # None when the model was streamed (not held in memory)
     cost_rows = [("blocks", c0["n_layers"], c1["n_layers"], f"{c1['n_layers'] / c0['n_layers']:.3f}"),
                  ("parameters", f"{c0['params']:,}", f"{c1['params']:,}", f"{c1['params'] / c0['params']:.3f}"),
                  ("FLOPs / token", f"{c0['flops_per_token']:,}", f"{c1['flops_per_token']:,}",
-                  f"{c1['flops_per_token'] / c0['flops_per_token']:.3f}"),
-                 (f"generate {lat['pruned']['new_tokens']} tokens (s, {lat['pruned']['device']})",
-                  f"{lat['original']['seconds']:.3f}", f"{lat['pruned']['seconds']:.3f}",
-                  f"{lat['pruned']['seconds'] / lat['original']['seconds']:.3f}")]
+                  f"{c1['flops_per_token'] / c0['flops_per_token']:.3f}")]
+    if lat:
+        cost_rows.append((f"generate {lat['pruned']['new_tokens']} tokens (s, {lat['pruned']['device']})",
+                          f"{lat['original']['seconds']:.3f}", f"{lat['pruned']['seconds']:.3f}",
+                          f"{lat['pruned']['seconds'] / lat['original']['seconds']:.3f}"))
     return ("<h2>Held-out loss</h2>" + table(["model", "loss", "perplexity"], rows)
             + "<h2>Cost</h2>" + table(["", "original", "pruned", "ratio"], cost_rows))
 
@@ -89,7 +90,8 @@ def render_html(r: dict[str, Any], figs: dict[str, Path]) -> str:
                   ("max |Δ logit| vs original with blocks skipped",
                    f"{exp['max_abs_logit_diff_vs_skipping_in_original']:.3e}"),
                   ("generate with KV cache = without", exp["generate_cache_matches_no_cache"]),
-                  ("depthlab run directory", r.get("run_dir"))]),
+                  ("depthlab run directory", r.get("run_dir")),
+                  ("engine", (r.get("engine") or {}).get("line"))]),
         "<h2>Angular distance before and after</h2>",
         f'<div style="display:flex;gap:8px;flex-wrap:wrap">{heat}</div>',
         f'<p class="muted">command: <code>{esc(r.get("command"))}</code></p>',

@@ -142,16 +142,24 @@ def _greedy_losses(cap: ResidualCapture, batches: Batches, removed: set[int], ca
     return {m: s / max(count, 1) for m, s in sums.items()}
 
 
+GreedyLosses = Callable[[set[int], list[int]], dict[int, float]]  # (removed, candidates) -> loss with each one more
+
+
 def greedy_removal(cap: ResidualCapture, batches: Batches, n: int | None = None, budget: float | None = None,
-                   base_loss: float | None = None, on_batch: Callable[[int], None] | None = None) -> list[GreedyStep]:
+                   base_loss: float | None = None, on_batch: Callable[[int], None] | None = None, *,
+                   losses_of: GreedyLosses | None = None) -> list[GreedyStep]:
     """SLEB-style greedy removal: ``n`` steps, or (with ``budget`` and ``base_loss``) as many as stay
-    within ``budget`` nats of ``base_loss``. Returns the steps taken, in order."""
+    within ``budget`` nats of ``base_loss``. Returns the steps taken, in order. ``losses_of`` measures the
+    candidates another way (the streamed engine); ``cap`` then only gives ``n_layers``."""
     L = cap.n_layers
     steps: list[GreedyStep] = []
     removed: set[int] = set()
     limit = n if n is not None else L - 1
+    if losses_of is None:
+        def losses_of(done: set[int], cands: list[int]) -> dict[int, float]:
+            return _greedy_losses(cap, batches, done, cands, on_batch)
     while len(steps) < limit:
-        losses = _greedy_losses(cap, batches, removed, [m for m in range(1, L + 1) if m not in removed], on_batch)
+        losses = losses_of(removed, [m for m in range(1, L + 1) if m not in removed])
         block = min(losses, key=lambda m: (losses[m], -m))
         if budget is not None and losses[block] - base_loss > budget:
             break
@@ -212,12 +220,18 @@ def check_method(method: str) -> str:
 
 
 def select_blocks(method: str, cap: ResidualCapture, batches: Batches, survey: Survey, *, remove: int | None = None,
-                  budget: float | None = None, on_batch: Callable[[int], None] | None = None) -> Selection:
-    """The blocks ``method`` removes: ``remove`` of them, or the most within ``budget`` nats."""
+                  budget: float | None = None, on_batch: Callable[[int], None] | None = None,
+                  joint_loss: Callable[[list[int]], float] | None = None,
+                  losses_of: GreedyLosses | None = None) -> Selection:
+    """The blocks ``method`` removes: ``remove`` of them, or the most within ``budget`` nats. ``joint_loss``
+    and ``losses_of`` measure another way than replaying ``cap`` over ``batches`` (the streamed engine)."""
     check_method(method)
     L = cap.n_layers
+    if joint_loss is None:
+        def joint_loss(blocks: list[int]) -> float:
+            return joint_removal_loss(cap, batches, blocks)
     if method == "removal":
-        steps = greedy_removal(cap, batches, remove, budget, survey.loss, on_batch)
+        steps = greedy_removal(cap, batches, remove, budget, survey.loss, on_batch, losses_of=losses_of)
         path = [{"block": s.block, "loss": s.loss, "candidates": {str(k): v for k, v in s.candidates.items()}}
                 for s in steps]
         return Selection(method, sorted(s.block for s in steps), steps[-1].loss if steps else survey.loss,
@@ -227,8 +241,7 @@ def select_blocks(method: str, cap: ResidualCapture, batches: Batches, survey: S
     details = {"influence": survey.influence} if method == "influence" else {}
     if remove is not None:
         removed = choose(remove)
-        return Selection(method, removed, joint_removal_loss(cap, batches, removed), details)
-    k, evaluated = largest_within_budget(choose, lambda s: joint_removal_loss(cap, batches, s), survey.loss,
-                                         budget, L - 1)
+        return Selection(method, removed, joint_loss(removed), details)
+    k, evaluated = largest_within_budget(choose, joint_loss, survey.loss, budget, L - 1)
     details["budget_evaluated"] = {str(i): v for i, v in sorted(evaluated.items())}
     return Selection(method, choose(k) if k else [], evaluated[k], details)

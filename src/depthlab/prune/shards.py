@@ -1,0 +1,158 @@
+"""A pruned HF checkpoint written shard by shard, without ever holding the model.
+
+    write_pruned_shards(Path("big-model"), [21, 22, 23], Path("pruned"), provenance={"method": "angular-block"})
+
+Each source safetensors file becomes one output file holding its kept tensors, their bytes copied straight
+from the source file in chunks (a few MiB of memory whatever the model's size): the tensors of a removed
+layer are skipped, layer indices are renumbered (``model.layers.{old}.`` -> ``model.layers.{new}.``), and a
+checkpoint marked with LayerNorm Scaling gets each kept layer's two pre-norm weights multiplied by the
+1/sqrt(l) of its *original* depth l (as :func:`depthlab.hf.fold_layernorm_scaling` does in memory; the
+marker is dropped), so plain ``transformers`` loads the same function. The config is cut as
+:func:`depthlab.prune.export.drop_layers` cuts it (``num_hidden_layers``, per-layer lists,
+``max_window_layers``). Tensors keep the checkpoint's dtype. Every file is written under a temporary name
+and renamed; ``config.json`` comes last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from depthlab.errors import DepthlabError
+from depthlab.prune.export import _slice_config
+from depthlab.targets.layerwise import INDEX_FILE, read_header, safetensors_files
+
+COPY_CHUNK = 16 << 20  # bytes copied at a time
+_LAYER_KEY = re.compile(r"^(model\.layers\.)(\d+)(\..*)$")
+
+
+def _renamed(name: str, renumber: dict[int, int]) -> str | None:
+    """The key in the pruned checkpoint, or None for a tensor of a removed layer."""
+    m = _LAYER_KEY.match(name)
+    if m is None:
+        return name
+    old = int(m.group(2))
+    return f"{m.group(1)}{renumber[old]}{m.group(3)}" if old in renumber else None
+
+
+def _folded(file: Path, name: str, scale: float) -> bytes:
+    """A pre-norm weight times its layer's LNS scale, in its own dtype, as raw bytes."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), "pt") as f:
+        t = f.get_tensor(name)
+    return (t * scale).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _write_shard(src: Path, out: Path, keep: dict[str, str], folded: dict[str, bytes]) -> int:
+    """Copy the tensors ``keep`` (source name -> new name) of ``src`` into ``out``; returns the data bytes."""
+    header = read_header(src)
+    with open(src, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+    base = 8 + n
+    names = sorted(keep, key=lambda k: header[k]["data_offsets"][0])
+    entries, offset = {}, 0
+    for name in names:
+        size = header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
+        entries[keep[name]] = {"dtype": header[name]["dtype"], "shape": header[name]["shape"],
+                               "data_offsets": [offset, offset + size]}
+        offset += size
+    meta = json.dumps({"__metadata__": {"format": "pt"}, **entries}, separators=(",", ":")).encode()
+    meta += b" " * (-len(meta) % 8)  # aligned, as safetensors writes it
+    tmp = out.with_name(f".tmp-{out.name}")
+    with open(src, "rb") as fin, open(tmp, "wb") as fout:
+        fout.write(struct.pack("<Q", len(meta)))
+        fout.write(meta)
+        for name in names:
+            if keep[name] in folded:
+                fout.write(folded[keep[name]])
+                continue
+            begin, end = header[name]["data_offsets"]
+            fin.seek(base + begin)
+            left = end - begin
+            while left:
+                chunk = fin.read(min(left, COPY_CHUNK))
+                if not chunk:
+                    raise DepthlabError(f"{str(src)!r} ends early (tensor {name}); the checkpoint is damaged")
+                fout.write(chunk)
+                left -= len(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    os.replace(tmp, out)
+    return offset
+
+
+def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | None) -> tuple[Any, list[int], bool]:
+    """(the pruned config, the kept 0-based layers, whether LNS is folded) of the checkpoint in ``src``."""
+    from transformers import AutoConfig
+
+    from depthlab.hf.lns import CONFIG_KEY, layernorm_scaling_marker
+
+    config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
+    n = config.num_hidden_layers
+    gone = set(removed)
+    if sorted(b for b in gone if not 1 <= b <= n) or len(gone) >= n:
+        raise DepthlabError(f"cannot remove blocks {sorted(gone)} from a model of {n} (1..{n}, keep at least one)")
+    keep = [i for i in range(n) if i + 1 not in gone]
+    lns = layernorm_scaling_marker(config) is not None
+    if lns:
+        delattr(config, CONFIG_KEY)
+    _slice_config(config, keep, n)
+    if provenance is not None:
+        config.depthlab = {**(getattr(config, "depthlab", None) or {}), **provenance}
+    return config, keep, lns
+
+
+def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: dict[str, Any] | None = None,
+                        tokenizer: Any = None) -> dict[str, Any]:
+    """Write the checkpoint of ``src`` without blocks ``removed`` (1-based) into ``out``; returns what was
+    written (files, bytes). Refuses, before writing anything, when the disk has no room for it."""
+    from depthlab.hf.convert import hf_tokenizer
+    from depthlab.hf.lns import SCALED_NORMS
+    from depthlab.schemes import lns_scale
+
+    config, keep, lns = pruned_config(src, removed, provenance)
+    renumber = {old: new for new, old in enumerate(keep)}
+    files = safetensors_files(src)
+    plans = []
+    for file in files:
+        names = {k: r for k in read_header(file) if (r := _renamed(k, renumber)) is not None}
+        plans.append((file, names))
+    need = sum(h["data_offsets"][1] - h["data_offsets"][0] for file, names in plans
+               for k, h in read_header(file).items() if k in names)
+    out.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise DepthlabError(f"not enough disk for the pruned checkpoint in {str(out)!r}: it needs {need / 2**30:.2f} GiB, "
+                            f"{free / 2**30:.2f} GiB are free")
+    plans = [(f, names) for f, names in plans if names]
+    single = len(plans) == 1
+    weight_map, total = {}, 0
+    for k, (file, names) in enumerate(plans, start=1):
+        shard = "model.safetensors" if single else f"model-{k:05d}-of-{len(plans):05d}.safetensors"
+        folded = {}
+        if lns:
+            for old_name, new_name in names.items():
+                m = _LAYER_KEY.match(old_name)
+                if m and any(m.group(3) == f".{norm}.weight" for norm in SCALED_NORMS):
+                    folded[new_name] = _folded(file, old_name, lns_scale(int(m.group(2)) + 1))
+        total += _write_shard(file, out / shard, names, folded)
+        weight_map.update(dict.fromkeys(names.values(), shard))
+    if not single:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    for extra in ("generation_config.json",):
+        if (src / extra).is_file():
+            shutil.copyfile(src / extra, out / extra)
+    hf_tok = hf_tokenizer(tokenizer) if tokenizer is not None else None
+    if hf_tok is not None:
+        hf_tok.save_pretrained(str(out))
+    config.save_pretrained(str(out))  # last: a directory with config.json is complete
+    return {"files": sorted({*weight_map.values()}), "bytes": total, "n_layers": len(keep), "lns_folded": lns}

@@ -1,0 +1,260 @@
+"""``depthlab prune`` on a model read one layer at a time: choose, cut and check without holding the model.
+
+    target = open_layerwise("path/to/hf-dir", dtype=torch.bfloat16)
+    report = prune_streamed(target, PruneOptions(method="angular-block", remove=8), "pruned/x")
+
+The same choices as in memory (:func:`depthlab.prune.select.select_blocks`: greedy removal, angular-block,
+block influence, ``--blocks``; ``--remove`` or ``--budget``), measured by sweeps of the streamed engine
+(:mod:`depthlab.diagnostics.streamed`): the survey (loss, all-pairs angular distance, block influence) is
+one sweep; each greedy step is one sweep carrying one stream per candidate block; each joint loss is one
+sweep. The checkpoint is then cut file by file (:mod:`depthlab.prune.shards`) and checked: the logits of
+the written checkpoint, read layer by layer, against the original model with those blocks skipped; and,
+when the pruned model fits in memory, loaded with plain ``transformers`` (logits, cached ``generate``).
+Healing and the generation latency need the model in memory: not done here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from depthlab.diagnostics.angular import AngularAccumulator
+from depthlab.diagnostics.removal import nll_sum
+from depthlab.diagnostics.streamed import MEMORY_FRACTION, Stream, SweepBatch, Sweeper, SweepSettings, available_memory
+from depthlab.diagnostics.streamed_runner import STATE_DIR, LossConsumer, joint_loss
+from depthlab.errors import DepthlabError
+from depthlab.metrics import perplexity
+from depthlab.prune.options import PruneOptions
+from depthlab.prune.pipeline import check_options, held_out_batches
+from depthlab.prune.select import InfluenceAccumulator, Selection, Survey, check_blocks, select_blocks
+from depthlab.prune.shards import write_pruned_shards
+from depthlab.targets.layerwise import StreamTarget, locate, open_layerwise, stored_bytes
+
+log = logging.getLogger(__name__)
+
+
+class SurveyConsumer:
+    """The base stream's loss, all-pairs angular distance and block influence (``survey_model``'s numbers)."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.angular, self.influence = AngularAccumulator(n_layers + 1), InfluenceAccumulator(n_layers)
+        self.total, self.count = 0.0, 0
+
+    def logits(self, stream: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
+        s, n = nll_sum(logits, batch.labels)
+        self.total, self.count = self.total + s, self.count + n
+
+    def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None:
+        self.angular.update(states)
+        self.influence.update(states)
+
+    def survey(self) -> Survey:
+        if self.count == 0:
+            raise DepthlabError("the held-out data gave no tokens to evaluate")
+        return Survey(self.total / self.count, self.count, self.angular.mean(), self.influence.result())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"angular": [self.angular.sum, self.angular.count], "influence": [self.influence.sum, self.influence.count],
+                "loss": [self.total, self.count]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.angular.sum, self.angular.count = state["angular"]
+        self.influence.sum, self.influence.count = state["influence"]
+        self.total, self.count = state["loss"]
+
+
+class LogitsConsumer:
+    """Keeps the logits of every stream (a probe batch)."""
+
+    def __init__(self) -> None:
+        self.out: dict[int, torch.Tensor] = {}
+
+    def logits(self, stream: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
+        self.out[stream] = logits.detach().float().cpu()
+
+    def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"out": self.out}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.out = dict(state["out"])
+
+
+class StreamedMeasure:
+    """Every measurement pruning needs, as sweeps over one target's layers on the held-out text."""
+
+    def __init__(self, target: StreamTarget, text: list[SweepBatch], settings: SweepSettings) -> None:
+        self.target, self.text = target, text
+        self.sweeper = Sweeper(target, settings)
+        self.steps = 0
+
+    @property
+    def n_layers(self) -> int:
+        return self.target.source.n_layers
+
+    def survey(self, name: str = "survey") -> Survey:
+        consumer = SurveyConsumer(self.n_layers)
+        self.sweeper.sweep(name, self.text, [Stream("base")], True, consumer)
+        return consumer.survey()
+
+    def joint_loss(self, blocks: list[int]) -> float:
+        return joint_loss(self.sweeper, self.text, blocks)
+
+    def greedy_losses(self, removed: set[int], candidates: list[int]) -> dict[int, float]:
+        """Loss with ``removed`` and each candidate removed: one sweep, one stream per candidate."""
+        base = frozenset(removed)
+        streams = [Stream("base", base), *(Stream(f"candidate:{m}", base | {m}) for m in candidates)]
+        consumer = LossConsumer(len(streams))
+        self.steps += 1
+        self.sweeper.sweep(f"greedy-{self.steps}", self.text, streams, False, consumer)
+        return {m: consumer.loss(i) for i, m in enumerate(candidates, start=1)}
+
+    def logits(self, ids: torch.Tensor, skip: list[int], name: str) -> torch.Tensor:
+        consumer = LogitsConsumer()
+        self.sweeper.sweep(name, [SweepBatch(ids, states=False)], [Stream("probe", frozenset(skip))], False, consumer)
+        return consumer.out[0]
+
+
+def streamed_cost(target: StreamTarget, seq_len: int) -> dict[str, int]:
+    """:func:`depthlab.prune.export.cost` from the checkpoint's tensor index: parameters, and forward FLOPs per
+    token (2 per weight of every linear layer, LM head included, + 2·T·q_out per layer for attention)."""
+    index = target.source.store.index
+    layer = re.compile(r"^model\.layers\.\d+\.")
+    linear = sum(i.numel for k, i in index.items() if layer.match(k) and len(i.shape) == 2)
+    head = index.get("lm_head.weight") or index["model.embed_tokens.weight"]
+    attn = sum(2 * seq_len * i.shape[0] for k, i in index.items() if layer.match(k) and k.endswith("q_proj.weight"))
+    return {"params": sum(i.numel for i in index.values()), "flops_per_token": 2 * (linear + head.numel) + attn,
+            "n_layers": target.source.n_layers}
+
+
+def _check(target: StreamTarget, opts: PruneOptions, out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(p.name != STATE_DIR for p in out.iterdir())):
+        raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
+    if target.kind != "hf-causal-lm":
+        raise DepthlabError("streamed pruning writes HF checkpoints from HF safetensors directories; prune a depthlab "
+                            "run in memory (--no-stream)")
+    if opts.heal.steps > 0:
+        raise DepthlabError("--heal-steps needs the pruned model in memory, and this one is streamed: prune without "
+                            "healing, then fine-tune the smaller checkpoint (or use --no-stream)")
+    check_options(opts, target.source.n_layers)
+
+
+def choose_streamed(measure: StreamedMeasure, opts: PruneOptions) -> tuple[Survey, Selection]:
+    """The survey, then the blocks (the in-memory choice, measured by sweeps)."""
+    before = measure.survey()
+    if opts.blocks is not None:
+        blocks = check_blocks(opts.blocks, measure.n_layers)
+        return before, Selection("user", blocks, measure.joint_loss(blocks))
+    sel = select_blocks(opts.method, measure, None, before, remove=opts.remove, budget=opts.budget,
+                        joint_loss=measure.joint_loss, losses_of=measure.greedy_losses)
+    if not sel.removed:
+        raise DepthlabError(f"no block can be removed within --budget {opts.budget:g} nats with method {opts.method} "
+                            f"(held-out loss {before.loss:.4f}); raise the budget")
+    return before, sel
+
+
+def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, command: str | None = None,
+                   settings: SweepSettings | None = None, plan: Any = None) -> dict[str, Any]:
+    """Prune ``target`` as ``opts`` says, reading it one layer at a time; write the HF checkpoint, ``prune.json``
+    and ``report.html`` into ``out``. Returns the report (:func:`depthlab.prune.prune_target`'s shape)."""
+    from depthlab.diagnostics.streamed import clear_state
+    from depthlab.prune.report import write_report
+
+    t0, out = time.time(), Path(out)
+    _check(target, opts, out)
+    settings = settings or SweepSettings(progress=opts.progress)
+    settings.state_dir = settings.state_dir or out / STATE_DIR
+    batches = held_out_batches(target, opts)
+    measure = StreamedMeasure(target, [SweepBatch(x, y) for x, y in batches], settings)
+    if not measure.text:
+        raise DepthlabError("the held-out data gave no tokens to evaluate")
+    before, sel = choose_streamed(measure, opts)
+    L = measure.n_layers
+    written = write_pruned_shards(target.path, sel.removed, out, {"pruned_from": str(target.name),
+                                  "removed_blocks": sel.removed, "method": sel.method, "healed_steps": 0},
+                                  target.tokenizer)
+    pruned = open_layerwise(str(out), target.device, target.source.dtype, target.source.compute_dtype)
+    after_measure = StreamedMeasure(pruned, measure.text, settings)
+    after = after_measure.survey("survey-pruned")
+    check = verify_streamed(measure, after_measure, measure.text[0].ids[:2, :64], sel.removed, out)
+    report = {
+        "model": {k: v for k, v in target.info.items() if k != "config"},
+        "method": sel.method, "removed_blocks": sel.removed,
+        "numbering": "1-based block numbers of the model given to prune (block l reads x^l; 1 = first block)",
+        "kept_blocks": [l for l in range(1, L + 1) if l not in sel.removed], "removed_depths": None,
+        "n_layers": {"original": L, "pruned": L - len(sel.removed)},
+        "selection": {"remove": opts.remove, "budget": opts.budget, "blocks": opts.blocks, "joint_loss": sel.loss,
+                      **sel.details},
+        "data": {"spec": opts.data, "split": "val", "tokens": before.tokens, "seq_len": batches.seq_len},
+        "loss": {"original": before.loss, "pruned": after.loss, "healed": None},
+        "ppl": {"original": perplexity(before.loss), "pruned": perplexity(after.loss), "healed": None},
+        "angular": {"original": before.angular, "pruned": after.angular},
+        "export": {**check, "dir": str(out), "written": written},
+        "cost": {"original": streamed_cost(target, batches.seq_len), "pruned": streamed_cost(pruned, batches.seq_len)},
+        "options": {**asdict(opts), "heal": asdict(opts.heal)}, "command": command,
+        "latency": None, "run_dir": None,
+        "engine": _engine(measure, after_measure, plan),
+    }
+    report["seconds"] = round(time.time() - t0, 2)
+    write_report(report, out)
+    clear_state(settings.state_dir)
+    return report
+
+
+def verify_streamed(original: StreamedMeasure, pruned: StreamedMeasure, ids: torch.Tensor, removed: list[int],
+                    out: Path) -> dict[str, Any]:
+    """The written checkpoint against the original with ``removed`` skipped: read layer by layer always, and
+    loaded with plain ``transformers`` (logits, ``generate`` with and without the KV cache) when it fits."""
+    ref = original.logits(ids, removed, "probe-original")
+    got = pruned.logits(ids, [], "probe-pruned")
+    streamed_diff = float((ref - got).abs().max())
+    target = pruned.target
+    found = locate(str(out))
+    free = available_memory(target.device)
+    check: dict[str, Any] = {"max_abs_logit_diff_vs_skipping_in_original": streamed_diff,
+                             "max_abs_logit_diff": streamed_diff, "loaded_with": "depthlab, layer by layer",
+                             "n_layers_loaded": target.source.n_layers, "architecture": target.info["architecture"],
+                             "generated_tokens": None, "generate_cache_matches_no_cache": None}
+    need = stored_bytes(found, target.source.compute_dtype) if not isinstance(found, str) else None
+    if need is None or (free is not None and need > MEMORY_FRACTION * free):
+        log.info("the pruned model (%s) does not fit in memory: checked layer by layer only", need)
+        return check
+    check.update(_transformers_check(out, ids, ref, target.source.compute_dtype, target.device))
+    return check
+
+
+@torch.no_grad()
+def _transformers_check(out: Path, ids: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
+                        device: torch.device) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(out), dtype=dtype, trust_remote_code=False).to(device).eval()
+    got = loaded(input_ids=ids.to(device), use_cache=False).logits.float().cpu()
+    prompt = ids[:1, : min(8, ids.shape[1])].to(device)
+    kw = {"max_new_tokens": 8, "min_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
+    with_cache = loaded.generate(prompt, use_cache=True, **kw)
+    without = loaded.generate(prompt, use_cache=False, **kw)
+    return {"max_abs_logit_diff": float((ref - got).abs().max()), "loaded_with": "transformers (AutoModelForCausalLM)",
+            "n_layers_loaded": int(loaded.config.num_hidden_layers), "architecture": type(loaded).__name__,
+            "generated_tokens": with_cache[0, prompt.shape[1]:].tolist(),
+            "generate_cache_matches_no_cache": bool(torch.equal(with_cache, without))}
+
+
+def _engine(measure: StreamedMeasure, after: StreamedMeasure, plan: Any) -> dict[str, Any]:
+    st, meter = measure.sweeper.stats, measure.target.source.store.meter
+    return {"name": "streamed", "line": plan.line if plan is not None else "streamed, one layer at a time",
+            "compute_dtype": str(measure.target.source.compute_dtype).replace("torch.", ""),
+            "sweeps": st.passes, "weight_passes": st.weight_passes, "layers_computed": st.layers_computed,
+            "block_evals": st.block_evals, "token_evals": st.token_evals, "head_tokens": st.head_tokens,
+            "sweep_seconds": round(st.seconds, 2), "bytes_read": meter.bytes_read, "peak_weight_bytes": meter.peak,
+            "stream_bytes": st.stream_bytes, "resumed": st.resumed,
+            "pruned_sweeps": after.sweeper.stats.passes, "pruned_bytes_read": after.target.source.store.meter.bytes_read,
+            "not_done": "healing and generation latency (they need the model in memory)"}

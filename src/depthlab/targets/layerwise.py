@@ -1,0 +1,533 @@
+"""Models read one decoder layer at a time, for models larger than memory.
+
+    target = open_layerwise("path/to/hf-dir", dtype=torch.bfloat16)   # or a depthlab run directory
+    src = target.source
+    h = src.embed(ids)                          # (B, T, D): the embedding read, used and released
+    calls = src.layer_calls(T)                  # how the model calls each layer at length T (masks, rotary)
+    for i in range(src.n_layers):
+        with src.layer(i) as layer:             # layer i's tensors read, built into that layer alone
+            h = calls[i](layer, h)              # ... and released on exit
+    with src.head() as head:                    # final norm + LM head
+        logits = head(h)
+
+The model is built once on the meta device (a *skeleton*: no memory), from the checkpoint's config:
+transformers' own ``AutoModelForCausalLM`` for an HF directory (Llama, Mistral, Qwen2, Qwen3; LayerNorm
+Scaling restored from its config marker, as :func:`depthlab.hf.load` does), the run's ``DecoderLM`` for a
+depthlab run. A module is *materialised* by loading its tensors from the memory-mapped safetensors
+files (``load_state_dict(assign=True)``) and *released* by moving it back to ``meta``, so one layer's
+tensors are alive at a time. How each layer is called (attention masks, rotary tables, per-layer
+attention types) is recorded from the model's own forward run once per sequence length with stub
+layers that return their input: nothing of the model's mask or rotary code is re-implemented.
+
+:class:`WeightMeter` counts the bytes read, the reads of every tensor, and the bytes of weight tensors
+alive at once (weak references to their storages): what the tests assert and the benchmark reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import struct
+import weakref
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from depthlab.errors import DepthlabError, first_line
+
+log = logging.getLogger(__name__)
+
+#: Bytes per element of the safetensors dtype names.
+ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+                  "F8_E4M3": 1, "F8_E5M2": 1}
+INDEX_FILE = "model.safetensors.index.json"
+
+
+# ---------------------------------------------------------------------------------------------- files
+def read_header(path: str | Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (tensor name -> dtype, shape, data_offsets), no tensor read."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > 100_000_000:
+            raise DepthlabError(f"{str(path)!r} is not a safetensors file (header of {n} bytes)")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight files of an HF directory: those its index names, else every ``*.safetensors``."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / name for name in dict.fromkeys(weight_map.values())]
+    return sorted(path.glob("*.safetensors"))
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: Path
+    dtype: str  # safetensors name: F32, BF16, ...
+    shape: tuple[int, ...]
+    offsets: tuple[int, int]  # begin, end within the file's data section
+
+    @property
+    def nbytes(self) -> int:
+        return self.offsets[1] - self.offsets[0]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def tensor_index(files: list[Path]) -> dict[str, TensorInfo]:
+    """Every tensor of ``files`` by name, from their headers."""
+    out: dict[str, TensorInfo] = {}
+    for file in files:
+        for name, meta in read_header(file).items():
+            out[name] = TensorInfo(file, meta["dtype"], tuple(meta["shape"]), tuple(meta["data_offsets"]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- accounting
+@dataclass
+class WeightMeter:
+    """Bytes read from the checkpoint, reads per tensor, and weight bytes alive at once (their peak)."""
+
+    bytes_read: int = 0
+    reads: Counter = field(default_factory=Counter)
+    live: int = 0
+    peak: int = 0
+
+    def track(self, name: str, stored_nbytes: int, tensor: torch.Tensor) -> None:
+        self.bytes_read += stored_nbytes
+        self.reads[name] += 1
+        nbytes = tensor.untyped_storage().nbytes()
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(tensor.untyped_storage(), self._freed, nbytes)
+
+    def _freed(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
+class TensorStore:
+    """Tensors of safetensors files, read on demand through ``safe_open`` (memory-mapped: a tensor stored in
+    the dtype asked for is not even copied), counted by a :class:`WeightMeter`."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.index = tensor_index(files)
+        self.meter = WeightMeter()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.index
+
+    def read(self, names: list[str], dtype: torch.dtype, device: torch.device,
+             compute_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """Floating tensors rounded to ``dtype`` (the weights' precision), then held in ``compute_dtype``."""
+        from safetensors import safe_open
+
+        missing = [n for n in names if n not in self.index]
+        if missing:
+            raise DepthlabError(f"the checkpoint lacks tensor(s) {missing[:3]}; it does not match its config")
+        out: dict[str, torch.Tensor] = {}
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self.index[name].file, []).append(name)
+        for file, group in by_file.items():
+            with safe_open(str(file), "pt", device="cpu") as f:
+                for name in group:
+                    t = f.get_tensor(name)
+                    if t.is_floating_point():
+                        t = t.to(device=device, dtype=dtype).to(compute_dtype or dtype)
+                    else:
+                        t = t.to(device)
+                    self.meter.track(name, self.index[name].nbytes, t)
+                    out[name] = t
+        return out
+
+    def nbytes(self, names: list[str] | None = None) -> int:
+        return sum(self.index[n].nbytes for n in (names if names is not None else self.index))
+
+
+# ---------------------------------------------------------------------------------------------- layer calls
+@dataclass
+class Call:
+    """How the model called one layer: the arguments after the hidden states (masks, rotary tables)."""
+
+    args: tuple
+    kwargs: dict
+    hidden_is_kwarg: bool
+
+    def __call__(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        out = layer(*self.args, **{**self.kwargs, "hidden_states": h}) if self.hidden_is_kwarg \
+            else layer(h, *self.args, **self.kwargs)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+
+class _Stub(nn.Module):
+    """Stands in for a layer while the model's forward runs: records its call, returns its input."""
+
+    def __init__(self, calls: list[Call | None], i: int) -> None:
+        super().__init__()
+        self.calls, self.i = calls, i
+
+    def forward(self, *args, **kwargs):
+        kw = not args or not isinstance(args[0], torch.Tensor)
+        h = kwargs.get("hidden_states") if kw else args[0]
+        rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+        self.calls[self.i] = Call(args if kw else args[1:], rest, kw)
+        return h
+
+
+@contextlib.contextmanager
+def _swapped(owner: nn.Module, swaps: dict[str, nn.Module]) -> Iterator[None]:
+    """Submodules of ``owner`` replaced for the duration (``owner._modules`` set directly)."""
+    saved = {name: owner._modules[name] for name in swaps}
+    try:
+        owner._modules.update(swaps)
+        yield
+    finally:
+        owner._modules.update(saved)
+
+
+# ---------------------------------------------------------------------------------------------- the source
+class LayerSource:
+    """A model on the meta device whose modules are materialised from a :class:`TensorStore` on demand."""
+
+    skeleton: nn.Module
+    owner: nn.Module  # holds the layer list ...
+    layers_attr: str  # ... under this name
+    embed_modules: tuple[nn.Module, ...]  # applied in order to token ids
+    head_modules: tuple[nn.Module, ...]  # final norm, LM head
+    final_norm_attr: tuple[nn.Module, str]  # (owner, name) of the final norm, swapped out while recording calls
+    check_finite: bool = False  # refuse NaN/inf weights as they are read (depthlab runs, as load_run does)
+
+    def __init__(self, store: TensorStore, device: torch.device, dtype: torch.dtype, compute_dtype: torch.dtype,
+                 aliases: dict[str, str]) -> None:
+        self.store, self.device, self.dtype, self.compute_dtype = store, device, dtype, compute_dtype
+        self.aliases = aliases  # key -> key actually stored (a tied head reads the embedding)
+        self._calls: dict[int, list[Call]] = {}
+
+    # ------------------------------------------------------------------ structure
+    def _names(self) -> dict[int, str]:
+        """Module -> its dotted name in the skeleton (cached: the structure never changes)."""
+        if getattr(self, "_names_cache", None) is None:
+            self._names_cache = {id(m): name for name, m in self.skeleton.named_modules()}
+        return self._names_cache
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return getattr(self.owner, self.layers_attr)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def keys_of(self, module: nn.Module) -> list[str]:
+        """Checkpoint keys of ``module``'s tensors (aliases resolved)."""
+        prefix = self._names()[id(module)]
+        keys = [f"{prefix}.{k}" if prefix else k for k in module.state_dict()]
+        return [self.aliases.get(k, k) if k not in self.store else k for k in keys]
+
+    def layer_nbytes(self, i: int) -> int:
+        """Bytes layer ``i`` (0-based) occupies in the checkpoint."""
+        return self.store.nbytes(self.keys_of(self.layers[i]))
+
+    def layer_numel(self, i: int) -> int:
+        """Elements of layer ``i``'s tensors."""
+        return sum(self.store.index[k].numel for k in self.keys_of(self.layers[i]))
+
+    # ------------------------------------------------------------------ materialising
+    def materialise(self, module: nn.Module) -> None:
+        local = list(module.state_dict())
+        keys = self.keys_of(module)
+        tensors = self.store.read(keys, self.dtype, self.device, self.compute_dtype)
+        state = {k: tensors[key] for k, key in zip(local, keys)}
+        del tensors
+        if self.check_finite:
+            bad = next((k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+            if bad is not None:
+                raise DepthlabError(f"the checkpoint holds NaN/inf weights ({self.keys_of(module)[local.index(bad)]}); "
+                                    "refusing to use it")
+        try:
+            module.load_state_dict(state, strict=True, assign=True)
+            module.requires_grad_(False)  # no autograd graph may keep a released layer's weights alive
+        except RuntimeError as err:
+            raise DepthlabError(f"the checkpoint does not match its config: {first_line(err)[:200]}") from None
+        left = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
+        if left:
+            raise DepthlabError(f"cannot stream {type(module).__name__}: it holds tensors the checkpoint lacks {left[:3]}")
+
+    @staticmethod
+    def release(module: nn.Module) -> None:
+        module.to("meta")
+
+    @contextlib.contextmanager
+    def layer(self, i: int) -> Iterator[nn.Module]:
+        """Layer ``i`` (0-based) with its weights, released on exit."""
+        layer = self.layers[i]
+        self.materialise(layer)
+        try:
+            yield layer
+        finally:
+            self.release(layer)
+
+    @contextlib.contextmanager
+    def head(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """Final norm + LM head: residual stream (B, T, D) -> logits (B, T, V); released on exit."""
+        for m in self.head_modules:
+            self.materialise(m)
+        try:
+            def head(h: torch.Tensor) -> torch.Tensor:
+                for m in self.head_modules:
+                    h = m(h)
+                return h
+            yield head
+        finally:
+            for m in self.head_modules:
+                self.release(m)
+
+    @contextlib.contextmanager
+    def embedding(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """Token ids (B, T) -> the input of block 1 (B, T, D); released on exit."""
+        for m in self.embed_modules:
+            self.materialise(m)
+        try:
+            def embed(ids: torch.Tensor) -> torch.Tensor:
+                h = ids
+                for m in self.embed_modules:
+                    h = m(h)
+                return h
+            yield embed
+        finally:
+            for m in self.embed_modules:
+                self.release(m)
+
+    # ------------------------------------------------------------------ calls
+    def layer_calls(self, seq_len: int) -> list[Call]:
+        """How the model's own forward calls each layer on a sequence of ``seq_len`` tokens (batch 1:
+        masks and rotary tables broadcast over any number of rows)."""
+        if seq_len not in self._calls:
+            calls: list[Call | None] = [None] * self.n_layers
+            stubs = nn.ModuleList(_Stub(calls, i) for i in range(self.n_layers))
+            norm_owner, norm_name = self.final_norm_attr
+            with _swapped(self.owner, {self.layers_attr: stubs}), _swapped(norm_owner, {norm_name: nn.Identity()}):
+                self._record(seq_len)
+            if any(c is None for c in calls):
+                raise DepthlabError("the model's forward did not call every layer; cannot stream it")
+            self._calls[seq_len] = calls  # type: ignore[assignment]
+        return self._calls[seq_len]
+
+    def _record(self, seq_len: int) -> None:
+        raise NotImplementedError
+
+
+class HFLayerSource(LayerSource):
+    """An HF causal LM directory: transformers' own classes, built from its config on the meta device."""
+
+    def __init__(self, path: Path, store: TensorStore, device: torch.device, dtype: torch.dtype,
+                 compute_dtype: torch.dtype) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from depthlab.hf.lns import apply_layernorm_scaling, layernorm_scaling_marker
+
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=compute_dtype)
+        if layernorm_scaling_marker(model.config) is not None:
+            apply_layernorm_scaling(model)  # hooks on the meta layers' norms: they stay through every load
+        base = model.base_model
+        rotary = base.rotary_emb
+        base.rotary_emb = type(rotary)(config=model.config).to(device)  # small and computed, not stored
+        self.skeleton, self.owner, self.layers_attr = model.eval(), base, "layers"
+        names = self._names()
+        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+        tied = {f"{names[id(head)]}.weight": f"{names[id(embed)]}.weight"}
+        super().__init__(store, device, dtype, compute_dtype, tied)
+        self.embed_modules, self.head_modules = (embed,), (base.norm, head)
+        self.final_norm_attr = (base, "norm")
+
+    def _record(self, seq_len: int) -> None:
+        D = self.skeleton.config.hidden_size
+        dummy = torch.zeros(1, seq_len, D, dtype=self.compute_dtype, device=self.device)
+        with torch.no_grad():
+            self.owner(inputs_embeds=dummy, use_cache=False)
+
+
+class RunLayerSource(LayerSource):
+    """A depthlab run's checkpoint: its ``DecoderLM`` (blocks from the scheme registry) on the meta device."""
+
+    def __init__(self, cfg: Any, store: TensorStore, device: torch.device, dtype: torch.dtype,
+                 compute_dtype: torch.dtype) -> None:
+        from depthlab.model import DecoderLM
+
+        with torch.device("meta"):
+            model = DecoderLM(cfg)
+        self.skeleton, self.owner, self.layers_attr = model.eval(), model, "blocks"
+        super().__init__(store, device, dtype, compute_dtype, {"lm_head.weight": "embed.weight"})
+        self.embed_modules = (model.embed, model.embed_norm)
+        self.check_finite = True
+        self.head_modules = (model.norm, model.lm_head)
+        self.final_norm_attr = (model, "norm")
+
+    def _record(self, seq_len: int) -> None:
+        self.skeleton.run_blocks(torch.zeros(1, seq_len, self.skeleton.cfg.d_model, dtype=self.compute_dtype,
+                                             device=self.device))
+
+
+# ---------------------------------------------------------------------------------------------- targets
+@dataclass
+class StreamTarget:
+    """What :class:`~depthlab.targets.Target` says of a model, for one read layer by layer (``source``)."""
+
+    source: LayerSource
+    name: str
+    kind: str  # "hf-causal-lm" | "depthlab"
+    tokenizer: Any
+    info: dict[str, Any]
+    max_seq_len: int | None
+    device: torch.device
+    path: Path | None = None  # the HF directory or the run's checkpoint directory
+    batches_for: Callable[[Any], Any] | None = None
+    causal: bool = True
+
+
+@dataclass(frozen=True)
+class Located:
+    """A streamable checkpoint found on disk, before anything is built."""
+
+    kind: str  # "hf" | "run"
+    path: Path  # HF directory, or the run's checkpoint directory
+    files: tuple[Path, ...]
+    config: dict[str, Any]  # HF config.json, or the run's config.json
+
+
+def locate(name: str) -> Located | str:
+    """The streamable checkpoint ``name`` designates, or a sentence saying why it is not streamable."""
+    from depthlab.hf.architectures import SUPPORTED_MODEL_TYPES
+
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        return f"{name!r} is not a directory (streaming reads HF safetensors directories and depthlab runs)"
+    if (path / "checkpoint").is_dir() or (path / "trainer_state.json").is_file() or path.name == "checkpoint":
+        return _locate_run(path)
+    if not (path / "config.json").is_file():
+        return f"{name!r} holds no config.json"
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        return f"its config.json is unreadable ({first_line(err)[:100]})"
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model type {model_type!r} is not streamable; streaming knows {', '.join(SUPPORTED_MODEL_TYPES)}"
+    files = safetensors_files(path)
+    if not files:
+        return f"{name!r} holds no *.safetensors weights (streaming memory-maps safetensors files)"
+    return Located("hf", path, tuple(files), config)
+
+
+def _locate_run(path: Path) -> Located | str:
+    ckpt = intact_checkpoint(path)
+    if isinstance(ckpt, str):
+        return ckpt
+    try:
+        config = json.loads((ckpt / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        return f"its config.json is unreadable ({first_line(err)[:100]})"
+    if config.get("family", "lm") != "lm":
+        return f"a {config.get('family')} run is not streamable (only decoder LM runs are)"
+    return Located("run", ckpt, (ckpt / "model.safetensors",), config)
+
+
+def intact_checkpoint(path: Path) -> Path | str:
+    """The checkpoint ``load_run`` would read (the newest intact one: sizes and checksums), without reading
+    its tensors; or why there is none."""
+    from depthlab.store.checkpoint import CKPT_DIR, STATE, damage, list_checkpoints
+
+    single = (path / STATE).exists()
+    run = path.parent if path.name == CKPT_DIR else path
+    candidates = [path] if single else list(reversed(list_checkpoints(run)))
+    for ckpt in candidates:
+        why = damage(ckpt)
+        if why is None:
+            return ckpt
+        if single:
+            return f"checkpoint {str(ckpt)!r} is damaged: {why}"
+        log.warning("checkpoint %s is damaged (%s); trying the previous one", ckpt, why)
+    return f"{str(path)!r} holds no intact checkpoint"
+
+
+def stored_bytes(located: Located, dtype: torch.dtype) -> int:
+    """Bytes the whole model takes in memory in ``dtype`` (floating tensors converted), from the headers."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    total = 0
+    for info in tensor_index(list(located.files)).values():
+        total += info.numel * size if info.dtype.startswith(("F", "BF")) else info.nbytes
+    return total
+
+
+def open_layerwise(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                   compute_dtype: torch.dtype | None = None) -> StreamTarget:
+    """``name`` (an HF safetensors directory or a depthlab run) as a :class:`StreamTarget`; weights in
+    ``dtype``, each layer computed in ``compute_dtype`` (default ``dtype``)."""
+    found = locate(name)
+    if isinstance(found, str):
+        raise DepthlabError(f"cannot stream {name!r}: {found}")
+    device = torch.device(device)
+    compute_dtype = compute_dtype or dtype
+    store = TensorStore(list(found.files))
+    if found.kind == "run":
+        return _run_target(found, name, store, device, dtype, compute_dtype)
+    from depthlab.targets.load import _hf_tokenizer
+
+    source = HFLayerSource(found.path, store, device, dtype, compute_dtype)
+    cfg = source.skeleton.config
+    info = {"source": str(found.path), "architecture": type(source.skeleton).__name__, "model_type": cfg.model_type,
+            "n_layers": source.n_layers, "d_model": cfg.hidden_size, "n_heads": cfg.num_attention_heads,
+            "n_kv_heads": getattr(cfg, "num_key_value_heads", None), "d_ff": getattr(cfg, "intermediate_size", None),
+            "vocab_size": cfg.vocab_size, "n_params": sum(i.numel for i in store.index.values()),
+            "layernorm_scaling": getattr(cfg, "layernorm_scaling", None), "depthlab_export": getattr(cfg, "depthlab", None),
+            "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
+    return StreamTarget(source, name, "hf-causal-lm", _hf_tokenizer(str(found.path)), info,
+                        getattr(cfg, "max_position_embeddings", None), device, found.path)
+
+
+def _run_target(found: Located, name: str, store: TensorStore, device: torch.device, dtype: torch.dtype,
+                compute_dtype: torch.dtype) -> StreamTarget:
+    """A depthlab run: its scheme checked against the weights' metadata, its tokenizer beside the checkpoint."""
+    from safetensors import safe_open
+
+    from depthlab.config import ModelConfig
+    from depthlab.data.tokenizers import load_tokenizer
+
+    cfg = ModelConfig.from_dict(found.config["model"])
+    with safe_open(str(found.files[0]), "pt") as f:
+        scheme = (f.metadata() or {}).get("scheme")
+    if scheme != cfg.scheme:
+        raise DepthlabError(f"checkpoint {str(found.path)!r} holds weights of scheme {scheme!r}, but its config says "
+                            f"{cfg.scheme!r}; refusing to load")
+    source = RunLayerSource(cfg, store, device, dtype, compute_dtype)
+    tokenizer = None
+    for tdir in (found.path.parent.parent / "tokenizer", found.path / "tokenizer"):
+        if tdir.is_dir():
+            tokenizer = load_tokenizer(tdir)
+            break
+    run = found.path.parent.parent if found.path.parent.name == "checkpoint" else found.path
+    n_params = sum(p.numel() for p in {id(p): p for p in source.skeleton.parameters()}.values())
+    info = {"source": f"depthlab run {Path(name)}", "scheme": cfg.scheme, "scheme_options": cfg.scheme_options,
+            "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.d_ff,
+            "n_params": n_params, "config": cfg.to_dict(), "train": found.config.get("train"),
+            "architecture": "depthlab.DecoderLM", "n_kv_heads": cfg.kv_heads, "vocab_size": cfg.vocab_size,
+            "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
+    log.debug("streaming run %s from %s", run, found.path)
+    return StreamTarget(source, name, "depthlab", tokenizer, info, cfg.max_seq_len, device, found.path)

@@ -1,0 +1,146 @@
+"""Streamed pruning chooses what the in-memory pruning chooses and writes, shard by shard, a checkpoint that plain
+transformers loads with the in-memory pruned model's logits and cached generate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from prune_models import byte_tokenizer
+from streaming_models import hf_dir, save_hf, tiny_hf
+
+from depthlab.cli import main
+from depthlab.diagnostics import load_target
+from depthlab.errors import DepthlabError
+from depthlab.prune import PruneOptions, prune_target
+from depthlab.prune.streamed import prune_streamed
+from depthlab.targets.layerwise import open_layerwise
+
+OPTS = dict(data="builtin", tokens=96, seq_len=32, batch_size=2, progress=False, latency_tokens=2)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _same_checkpoints(a, b, vocab: int = 300) -> None:
+    """Two HF checkpoints: same config shape, same logits, same greedy generation with the KV cache."""
+    from transformers import AutoModelForCausalLM
+
+    ma, mb = (AutoModelForCausalLM.from_pretrained(str(p)).eval() for p in (a, b))
+    assert ma.config.num_hidden_layers == mb.config.num_hidden_layers
+    assert getattr(ma.config, "layer_types", None) == getattr(mb.config, "layer_types", None)
+    ids = torch.randint(0, vocab, (2, 20), generator=torch.Generator().manual_seed(1))
+    kw = {"max_new_tokens": 6, "min_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        torch.testing.assert_close(mb(input_ids=ids).logits, ma(input_ids=ids).logits, rtol=0, atol=1e-5)
+        assert torch.equal(ma.generate(ids[:1, :5], use_cache=True, **kw), mb.generate(ids[:1, :5], use_cache=True, **kw))
+
+
+def _both(path, tmp_path, **kw):
+    opts = PruneOptions(**{**OPTS, **kw})
+    mem = prune_target(load_target(str(path)), opts, tmp_path / "mem")
+    streamed = prune_streamed(open_layerwise(str(path)), opts, tmp_path / "streamed")
+    return mem, streamed
+
+
+@pytest.mark.parametrize("kind, kw", [("llama", {"method": "angular-block", "remove": 2}),
+                                      ("qwen2-tied", {"method": "removal", "remove": 2}),
+                                      ("qwen2-mixed", {"method": "influence", "budget": 0.05}),
+                                      ("llama-lns", {"method": "angular-block", "remove": 1})])
+def test_streamed_prune_equals_in_memory(tmp_path, kind, kw):
+    path = hf_dir(tmp_path, kind, 5)
+    mem, streamed = _both(path, tmp_path, **kw)
+    assert streamed["removed_blocks"] == mem["removed_blocks"] and streamed["kept_blocks"] == mem["kept_blocks"]
+    assert streamed["selection"]["joint_loss"] == pytest.approx(mem["selection"]["joint_loss"], abs=1e-5)
+    for stage in ("original", "pruned"):
+        assert streamed["loss"][stage] == pytest.approx(mem["loss"][stage], abs=1e-5)
+    assert streamed["cost"] == mem["cost"]
+    if "greedy_path" in mem["selection"]:
+        for a, b in zip(mem["selection"]["greedy_path"], streamed["selection"]["greedy_path"]):
+            assert a["block"] == b["block"] and a["candidates"] == pytest.approx(b["candidates"], abs=1e-5)
+    exp = streamed["export"]
+    assert exp["loaded_with"].startswith("transformers") and exp["generate_cache_matches_no_cache"]
+    assert exp["max_abs_logit_diff"] < 1e-5 and exp["max_abs_logit_diff_vs_skipping_in_original"] < 1e-5
+    assert exp["written"]["lns_folded"] == (kind == "llama-lns")
+    saved = json.loads((tmp_path / "streamed" / "config.json").read_text())
+    assert "layernorm_scaling" not in saved and saved["depthlab"]["removed_blocks"] == mem["removed_blocks"]
+    _same_checkpoints(tmp_path / "mem", tmp_path / "streamed")
+    assert not (tmp_path / "streamed" / ".stream-state").exists()
+
+
+def test_a_sharded_checkpoint_is_cut_shard_by_shard(tmp_path):
+    path = save_hf(tiny_hf("llama", 6), tmp_path / "sharded", max_shard_size="60KB")
+    n_in = len(list(path.glob("*.safetensors")))
+    assert n_in >= 3 and (path / "model.safetensors.index.json").is_file()
+    mem, streamed = _both(path, tmp_path, blocks=[2, 5])
+    out = tmp_path / "streamed"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert files == sorted(p.name for p in out.glob("*.safetensors")) and 1 < len(files) <= n_in
+    assert not any(".layers.4." in k or ".layers.5." in k for k in index["weight_map"])  # renumbered 0..3
+    assert streamed["export"]["written"]["bytes"] == index["metadata"]["total_size"]
+    _same_checkpoints(tmp_path / "mem", out)
+
+
+def test_streamed_prune_refuses_before_writing(tmp_path, monkeypatch, capsys):
+    import depthlab.prune.shards as shards
+
+    path = hf_dir(tmp_path, "llama", 3)
+    argv = ["prune", str(path), "--remove", "1", "--stream", "--tokens", "64", "--seq-len", "32", "--no-progress"]
+    assert main([*argv, "--heal-steps", "2", "--out", str(tmp_path / "a")]) == 2
+    assert "--heal-steps needs the pruned model in memory" in capsys.readouterr().err
+    assert main(["prune", "preset:tiny", "--remove", "1", "--stream", "--out", str(tmp_path / "b")]) == 2
+    assert "cannot stream 'preset:tiny'" in capsys.readouterr().err
+    monkeypatch.setattr(shards.shutil, "disk_usage", lambda p: type("U", (), {"free": 1000})())
+    with pytest.raises(DepthlabError, match="not enough disk for the pruned checkpoint"):
+        prune_streamed(open_layerwise(str(path)), PruneOptions(**OPTS, remove=1), tmp_path / "c")
+    assert not list((tmp_path / "c").glob("*.safetensors"))
+
+
+def test_prune_cli_streams_and_says_so(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = hf_dir(tmp_path, "llama", 4)
+    out = tmp_path / "pruned"
+    assert main(["prune", str(path), "--remove", "1", "--method", "angular-block", "--stream", "--out", str(out),
+                 "--tokens", "64", "--seq-len", "32", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("prune on cpu: engine: streamed, one layer at a time (--stream; the model needs")
+    assert "generate with KV cache ok" in printed
+    rep = json.loads((out / "prune.json").read_text())
+    assert rep["engine"]["name"] == "streamed" and rep["latency"] is None and rep["n_layers"]["pruned"] == 3
+    assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 3
+    assert AutoTokenizer.from_pretrained(out).encode("In the beginning") == byte_tokenizer().encode("In the beginning")
+
+
+@pytest.mark.slow
+def test_streamed_prune_of_smollm2_equals_in_memory(smollm2_dir, tmp_path):
+    """SmolLM2-135M: the streamed angular-block choice is the in-memory survey's, and the checkpoint written shard
+    by shard loads in transformers with the logits and cached generation of the model pruned in memory."""
+    from transformers import AutoModelForCausalLM
+
+    from depthlab.diagnostics.capture import capture_of
+    from depthlab.prune import drop_layers
+    from depthlab.prune.pipeline import held_out_batches
+    from depthlab.prune.select import angular_block, survey_model
+
+    opts = PruneOptions(**{**OPTS, "tokens": 32, "batch_size": 1}, method="angular-block", remove=6)
+    streamed = prune_streamed(open_layerwise(str(smollm2_dir)), opts, tmp_path / "streamed")
+    target = load_target(str(smollm2_dir))
+    survey = survey_model(capture_of(target), held_out_batches(target, opts))
+    assert streamed["removed_blocks"] == angular_block(survey.angular, 6)
+    assert streamed["loss"]["original"] == pytest.approx(survey.loss, abs=1e-5)
+    pruned = drop_layers(target.model, streamed["removed_blocks"])
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "streamed")).eval()
+    ids = torch.randint(0, 49152, (1, 24), generator=torch.Generator().manual_seed(1))
+    kw = {"max_new_tokens": 6, "min_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, pruned(input_ids=ids).logits, rtol=0, atol=1e-5)
+        assert torch.equal(loaded.generate(ids[:, :8], use_cache=True, **kw), pruned.generate(ids[:, :8], use_cache=True,
+                                                                                              **kw))
