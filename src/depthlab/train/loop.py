@@ -42,7 +42,7 @@ from depthlab.train.metrics_log import MetricsLog
 from depthlab.train.optim import build_optimizer
 from depthlab.train.rundir import RESUME_KEYS, RunSetup, write_run_dir
 from depthlab.train.start import StartFrom
-from depthlab.train.step import Forward, StepResult, autocast_for, train_step
+from depthlab.train.step import Forward, StepResult, autocast_for, compile_for_training, execution_plan, train_step
 
 __all__ = ["RESUME_KEYS", "TrainingDiverged", "train"]
 
@@ -166,13 +166,11 @@ def _start_session(family: TrainFamily, run: RunSetup, data: TrainData, config: 
     model = family.family.build(run.model_cfg, device=device)
     if init is not None and not run.resume:
         model.load_state_dict(init)
-    if cfg.compile:
-        model.compile()
     module = D.wrap(model, env, device, family.loss_module)
     optimizer = build_optimizer(model.parameters(), cfg, device)
     resumed = _restore(run.out, module, model, optimizer, env) if run.resume else {}
     metrics = MetricsLog(run.out / "metrics.jsonl", env.is_main, resumed.get("start"), cfg.tensorboard)
-    forward = Forward(module, device, autocast_for(cfg, device))
+    forward = Forward(module, device, autocast_for(cfg, device), compile_for_training(module) if cfg.compile else None)
     evaluator = family.evaluator(forward, data, env, model, cfg)
     return _Session(run, env, model, module, optimizer, forward, data, evaluator, metrics, config, **resumed)
 
@@ -242,9 +240,9 @@ def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
     bar = tqdm(total=cfg.steps, initial=s.start, disable=quiet or not s.env.is_main or not sys.stderr.isatty(),
                file=sys.stderr, dynamic_ncols=True, unit="step")
     log.log(logging.DEBUG if quiet else logging.INFO,
-            "training %s (%s, %.2fM params) for %d steps: batch %d x %d tokens, lr %g, %s train sequences",
+            "training %s (%s, %.2fM params) for %d steps: batch %d x %d tokens, lr %g, %s train sequences; %s",
             run.model_cfg.name, run.model_cfg.scheme, s.model.num_params() / 1e6, cfg.steps, cfg.batch_size,
-            cfg.seq_len, cfg.lr, len(s.data.train) or "streamed")
+            cfg.seq_len, cfg.lr, len(s.data.train) or "streamed", execution_plan(cfg, s.forward.device))
     s.t_loop = time.perf_counter()
     s.module.train()
     if s.start == 0 and cfg.variance_every:
