@@ -58,7 +58,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -343,6 +342,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"MODEL[+bf16][+compile],... (default {DEFAULT_VARIANTS})")
     p.add_argument("--matmul-size", type=int, default=None, help="n of the n x n matmul rate (default 1024 CPU, 8192 CUDA)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset field (e.g. n_layers=2)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/...)")
@@ -366,7 +366,8 @@ def measure(args: argparse.Namespace) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     base = depthlab.PRESETS[args.preset].get("max_seq_len", 1)
-    cfg = depthlab.from_preset(args.preset, max_seq_len=max(args.seq_len, base))
+    overrides = {k: int(v) for k, v in (item.split("=", 1) for item in args.set)}
+    cfg = depthlab.from_preset(args.preset, **{"max_seq_len": max(args.seq_len, base), **overrides})
     gen = torch.Generator().manual_seed(args.seed)
     tokens = torch.randint(cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen)
     data = FixedBatch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
