@@ -36,10 +36,10 @@ FLOPs. Per trained token, PaLM's count (Chowdhery et al. 2022, app. B): ``6 * N 
 with ``N`` the parameters that take part in matmuls (all but an untied input-embedding table) and the
 attention term counting the full (non-causal) score matrix. Achieved FLOP/s = tokens/s x that count.
 It is reported against two references:
-- ``of_matmul``: this machine's own measured dense matmul rate: ``--matmul-size`` square products in fp32
-  and in bf16 (best of ``max(--repeats, 5)`` timed products each), the faster of the two as the reference
-  for every variant (bf16 on a GPU; on a CPU without bf16 instructions, fp32): the fraction of what the
-  device's matmul library reaches at its best;
+- ``of_matmul``: this machine's own measured dense matmul rate: ``--matmul-size`` square products, in fp32
+  once per round (best of 3, interleaved with the variants: the median over rounds) and in bf16 before the
+  rounds (best of 5); the faster of the two is the reference for every variant (bf16 on a GPU; on a CPU
+  without bf16 instructions, fp32): the fraction of what the device's matmul library reaches at its best;
 - ``mfu`` (CUDA): against the data-sheet peak of ``PEAK_TFLOPS`` (dense, no sparsity), the usual MFU.
 
 The result (device, versions, the exact command, the load average, every raw timing) is written as JSON to
@@ -58,6 +58,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -273,12 +274,16 @@ def warm_up(steps: dict, n: int, device: torch.device) -> dict[str, float]:
     return first
 
 
-def timed_rounds(steps: dict, args: argparse.Namespace, device: torch.device) -> tuple[dict, dict]:
-    """Interleaved rounds: seconds per round of ``args.steps`` steps, and peak memory (CUDA), per variant."""
+def timed_rounds(steps: dict, args: argparse.Namespace, device: torch.device,
+                 matmul: Callable[[], float]) -> tuple[dict, dict, list[float]]:
+    """Interleaved rounds: seconds per round of ``args.steps`` steps, and peak memory (CUDA), per variant; and
+    ``matmul()`` (the fp32 matmul rate) once per round, so that the reference is measured at the same moments."""
     names = list(steps)
     raw: dict[str, list[float]] = {n: [] for n in names}
     peak: dict[str, int | None] = {n: None for n in names}
+    rates = []
     for r in range(args.repeats):
+        rates.append(matmul())
         for n in names[r % len(names):] + names[: r % len(names)]:  # rotate the order each round
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
@@ -290,8 +295,9 @@ def timed_rounds(steps: dict, args: argparse.Namespace, device: torch.device) ->
             raw[n].append(time.perf_counter() - t0)
             if device.type == "cuda":
                 peak[n] = max(peak[n] or 0, torch.cuda.max_memory_allocated(device))
-        print(f"  round {r + 1}/{args.repeats}: " + "  ".join(f"{n} {raw[n][-1]:.2f}s" for n in names), flush=True)
-    return raw, peak
+        print(f"  round {r + 1}/{args.repeats}: " + "  ".join(f"{n} {raw[n][-1]:.2f}s" for n in names)
+              + f"  (fp32 matmul {rates[-1]:.3f} TFLOP/s)", flush=True)
+    return raw, peak, rates
 
 
 def summarize(variants: list[Variant], built: dict, raw: dict, peak: dict, first: dict, args, cfg, rates: dict,
@@ -373,20 +379,21 @@ def measure(args: argparse.Namespace) -> dict:
     data = FixedBatch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
     env = environment(device)
     n = args.matmul_size or (8192 if device.type == "cuda" else 1024)
-    rates = {name: matmul_tflops(device, dt, n, max(args.repeats, 5))
-             for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+    rates = {"float32": matmul_tflops(device, torch.float32, n, 5), "bfloat16": matmul_tflops(device, torch.bfloat16, n, 5)}
     peaks = {dt: peak_tflops(env["device"], dt) if device.type == "cuda" else None for dt in rates}
     print(f"device {env['device']} | torch {torch.__version__} | threads {env['threads']} | matmul "
           + ", ".join(f"{k} {v:.3f} TFLOP/s" for k, v in rates.items()), flush=True)
     built = build_all(args.parsed, cfg, data, device, args.seed)
     load_before = list(os.getloadavg())
     first = warm_up(built, args.warmup, device)
-    raw, peak = timed_rounds(built, args, device)
+    raw, peak, fp32_rates = timed_rounds(built, args, device, lambda: matmul_tflops(device, torch.float32, n, 3))
+    rates["float32"] = statistics.median(fp32_rates)  # the same moments as the steps (a shared machine drifts)
     return {
         "benchmark": "train_throughput", "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         **env, "preset": args.preset, "model_config": cfg.to_dict(), "seq_len": args.seq_len,
         "batch_size": args.batch_size, "steps_per_round": args.steps, "warmup_steps": args.warmup,
-        "repeats": args.repeats, "matmul_size": n, "matmul_tflops": rates, "peak_tflops": peaks,
+        "repeats": args.repeats, "matmul_size": n, "matmul_tflops": rates, "fp32_matmul_tflops_per_round": fp32_rates,
+        "peak_tflops": peaks,
         "flops_convention": "PaLM: 6*N_matmul + 12*L*H*head_dim*T per token (non-causal attention count)",
         "results": summarize(args.parsed, built, raw, peak, first, args, cfg, rates, peaks),
         "paired_ratios": paired_ratios(raw, args.parsed), "loadavg_before_after": [load_before, list(os.getloadavg())],

@@ -274,3 +274,23 @@ def test_checkpoint_written_on_gpu_resumes_on_cpu(runs):
     assert sorted(cpu_after) == list(range(11, 21))
     assert max_gap(cpu_after, {s: v for s, v in gpu.items() if s > 10}) < COMPILE_TOL["cuda"]
     assert summary["tokens"] == 20 * 4 * 32
+
+
+# ------------------------------------------------------------------------------ the CPU default (auto compile)
+def test_compile_auto_rule_and_plan_line(monkeypatch):
+    """--compile unset: compiled on a CPU (with a C++ compiler) from CPU_COMPILE_TOKENS training tokens, eager
+    below, eager on CUDA; a given --compile / --no-compile always wins; the one-line plan says which and why."""
+    from depthlab.train import step as S
+
+    monkeypatch.setattr(S.shutil, "which", lambda name: "/usr/bin/" + name)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    long = small_train("cpu", steps=S.CPU_COMPILE_TOKENS // (4 * 32))  # exactly the threshold
+    short = small_train("cpu", steps=long.steps - 1)
+    assert S.choose_compile(long, cpu) and not S.choose_compile(short, cpu) and not S.choose_compile(long, cuda)
+    assert not S.choose_compile(long.replace(compile=False), cpu) and S.choose_compile(short.replace(compile=True), cpu)
+    monkeypatch.setattr(S.shutil, "which", lambda name: None)  # no C++ compiler: inductor cannot run
+    assert not S.choose_compile(long, cpu)
+    plan = S.execution_plan(long.replace(compile=True), cpu, compile_auto=True)
+    assert plan.startswith("cpu, fp32, compiled (auto: 4.0M tokens") and plan.endswith("fused adam")
+    bf16 = S.execution_plan(short.replace(compile=False, dtype="bf16"), cpu)
+    assert bf16 == "cpu, bf16 autocast (fp32 weights), eager, fused adam"

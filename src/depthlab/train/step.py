@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,11 +40,16 @@ def autocast_for(cfg: TrainConfig, device: torch.device) -> Autocast:
     return (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if uses_bf16(cfg, device) else contextlib.nullcontext
 
 
-def execution_plan(cfg: TrainConfig, device: torch.device) -> str:
-    """How the steps run, for the run's one-line plan, e.g. ``cpu, fp32, eager, fused adam``."""
+def execution_plan(cfg: TrainConfig, device: torch.device, compile_auto: bool = False) -> str:
+    """How the steps run, for the run's one-line plan, e.g. ``cpu, fp32, eager (auto: 0.6M tokens), fused adam``
+    (``compile_auto``: the compile choice was :func:`choose_compile`'s, not the user's)."""
     precision = "bf16 autocast (fp32 weights)" if uses_bf16(cfg, device) else "fp32"
     fused = "fused " if device.type in FUSED_DEVICES else ""
-    return f"{device.type}, {precision}, {'compiled' if cfg.compile else 'eager'}, {fused}{cfg.optimizer}"
+    mode = "compiled" if cfg.compile else "eager"
+    if compile_auto:
+        tokens = cfg.steps * cfg.batch_size * cfg.seq_len
+        mode += f" (auto: {tokens / 1e6:.1f}M tokens; compiled on a CPU from {CPU_COMPILE_TOKENS / 1e6:.0f}M)"
+    return f"{device.type}, {precision}, {mode}, {fused}{cfg.optimizer}"
 
 
 class Forward:
@@ -76,6 +82,23 @@ class Forward:
             yield
         finally:
             self.module.train()
+
+
+#: ``compile=None`` (auto) compiles on a CPU when the run trains at least this many tokens: the compiled step is
+#: 1.1-1.2x the eager one there, and a cold inductor compile costs 60-75 s on a quiet 2-core machine (up to
+#: ~430 s on a loaded one), so it is repaid after ~1.5M (quiet) to ~3M (loaded) tokens of `tiny`
+#: (benchmarks/README.md). The CUDA default stays eager until a GPU measurement says otherwise.
+CPU_COMPILE_TOKENS = 4_000_000
+
+
+def choose_compile(cfg: TrainConfig, device: torch.device) -> bool:
+    """``cfg.compile`` when set; auto (None): on a CPU with a C++ compiler (inductor needs one) for a run of at
+    least :data:`CPU_COMPILE_TOKENS` tokens, else eager."""
+    if cfg.compile is not None:
+        return cfg.compile
+    tokens = (cfg.steps or 0) * (cfg.batch_size or 0) * (cfg.seq_len or 0)
+    has_cxx = any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
+    return device.type == "cpu" and tokens >= CPU_COMPILE_TOKENS and has_cxx
 
 
 def compile_for_training(module: nn.Module) -> Callable[..., D.LossOutput]:
