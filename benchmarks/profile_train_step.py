@@ -2,8 +2,9 @@
 
 usage:
     python benchmarks/profile_train_step.py --preset llama-20m --seq-len 256 --batch-size 4
-    python benchmarks/profile_train_step.py --models pre,hf --sort self_cpu_time_total --rows 25
+    python benchmarks/profile_train_step.py --models pre,pre+compile,hf --sort self_cpu_time_total --rows 25
 
+``--models`` takes train_throughput.py's variants (``MODEL[+bf16][+compile]``, ``hf``, ``official``).
 Prints, per model, the ops that take the most self time over ``--steps`` steps (after ``--warmup``),
 so differences between the implementations (norm, RoPE, attention, loss) show up by name.
 """
@@ -18,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_throughput import build, make_step  # noqa: E402  (sibling script)
+from train_throughput import HF_KINDS, FixedBatch, hf_step, parse_variant, trainer_step  # noqa: E402  (sibling script)
 
 import depthlab  # noqa: E402
 
@@ -37,10 +38,10 @@ def main(argv: list[str] | None = None) -> None:
 
     cfg = depthlab.from_preset(args.preset, max_seq_len=max(args.seq_len, 1))
     tokens = torch.randint(cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    data = FixedBatch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
     for name in [n.strip() for n in args.models.split(",") if n.strip()]:
-        model = build(name, cfg, torch.device("cpu"), 0)
-        step = make_step(model, "hf" if name == "hf" else "depthlab", x, y, None, False)
+        v = parse_variant(name)
+        _, step = (hf_step if v.model in HF_KINDS else trainer_step)(v, cfg, data, torch.device("cpu"), 0)
         for _ in range(args.warmup):
             step()
         with profile(activities=[ProfilerActivity.CPU]) as prof:

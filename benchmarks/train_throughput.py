@@ -1,28 +1,48 @@
-"""Training throughput of depthlab (pre, lns) against a plain Hugging Face LlamaForCausalLM loop.
+"""Training throughput of depthlab's trainer step (eager, compiled, bf16) against plain Hugging Face Llama loops.
 
 usage:
-    python benchmarks/train_throughput.py --preset llama-20m --seq-len 256 --batch-size 8
-    python benchmarks/train_throughput.py --preset llama-130m --seq-len 1024 --batch-size 16 \\
-        --device cuda --dtype bfloat16 --compile            # the MFU goal (>= 45 % on an H100)
+    python benchmarks/train_throughput.py --preset tiny --seq-len 256 --batch-size 4
+    python benchmarks/train_throughput.py --preset llama-20m --seq-len 256 --batch-size 4 \\
+        --variants pre,pre+compile,pre+bf16,pre+bf16+compile,hf
+    python benchmarks/train_throughput.py --preset llama-130m --seq-len 1024 --batch-size 16 --device cuda \\
+        --variants pre+bf16,lns+bf16,pre+bf16+compile,lns+bf16+compile,hf+bf16,official   # benchmarks/gpu/
 
-What one "step" is, for every model: forward, cross-entropy on next-token targets, backward,
-AdamW step, zero_grad -- the same random token batch each time (data loading is not measured).
+Variants (``--variants``, comma-separated), each ``MODEL[+bf16][+compile]``:
+- ``pre``, ``lns`` (any depthlab scheme): one optimizer step of depthlab's trainer
+  (``depthlab.train.step.train_step``: its Forward, loss accumulation, lr schedule and optimizer, i.e. fused
+  AdamW on CPU and CUDA); ``+bf16`` = ``--dtype bf16`` (autocast, fp32 master weights); ``+compile`` =
+  ``--compile`` (forward + loss compiled with inductor; backward and optimizer eager).
+- ``hf``: a plain loop over ``transformers.LlamaForCausalLM`` of the same shape (SDPA attention): forward,
+  cross-entropy, backward, ``torch.optim.AdamW`` with torch's default implementation for the device,
+  zero_grad; ``+bf16`` autocasts its forward; ``+compile`` compiles its forward + loss.
+- ``official``: the official-style loop (the paper's code): the HF model with its weights cast to bf16
+  (pure bf16: no fp32 master copy), AdamW on them, no compile, ``loss.item()`` after every micro-step, and
+  no packing. Here it runs on the same full batch as every variant, so its tokens/s is an upper bound:
+  with padding (no packing), its useful tokens per step would be fewer.
+Every step reads the same random token batch from CPU memory (data loading is not measured).
 
 Measurement protocol
-- ``--warmup`` steps per model are run first and excluded (they also trigger ``torch.compile``).
-- Then ``--repeats`` rounds; in each round every model runs ``--steps`` timed steps. The order of
-  the models rotates from round to round (interleaving), so slow drifts of the machine (thermal,
-  other processes) hit all models alike. tokens/s of a model = median over its rounds.
-- torch's default thread count is kept (``torch.get_num_threads()`` is recorded).
-- On CUDA the clock is read after ``torch.cuda.synchronize()``.
+- ``--warmup`` steps per variant first, untimed (they trigger compilation; the first step's time is
+  recorded as ``first_step_s``, so a compiled variant's compile cost is known: break-even steps =
+  (first_step_s - step_s) / (eager step_s - step_s)).
+- Then ``--repeats`` rounds; in each round every variant runs ``--steps`` timed steps, the order rotating
+  round by round (interleaved), so slow drifts of a shared machine hit all variants alike. tokens/s of a
+  variant = median over rounds; ratios are medians of per-round (same-moment) ratios.
+- torch's default thread count unless ``--threads`` (on a shared machine, 1 thread avoids OpenMP
+  spin-waits against other processes); on CUDA the clock is read after ``torch.cuda.synchronize()``, and peak
+  memory is ``torch.cuda.max_memory_allocated`` over a variant's timed steps.
 
-MFU (CUDA only) = achieved FLOP/s / peak FLOP/s, with the PaLM (Chowdhery et al. 2022, app. B)
-count per token: ``6 * N + 12 * n_layers * n_heads * head_dim * seq_len``, where ``N`` counts the
-parameters that take part in matmuls (all but the input-embedding table, unless it is tied to the
-LM head). The attention term counts the full (non-causal) score matrix, as PaLM does. Peak FLOP/s:
-see ``PEAK_TFLOPS`` (dense, no sparsity, from NVIDIA's data sheets).
+FLOPs. Per trained token, PaLM's count (Chowdhery et al. 2022, app. B): ``6 * N + 12 * L * H * head_dim * T``,
+with ``N`` the parameters that take part in matmuls (all but an untied input-embedding table) and the
+attention term counting the full (non-causal) score matrix. Achieved FLOP/s = tokens/s x that count.
+It is reported against two references:
+- ``of_matmul``: this machine's own measured dense matmul rate: ``--matmul-size`` square products, in fp32
+  once per round (best of 3, interleaved with the variants: the median over rounds) and in bf16 before the
+  rounds (best of 5); the faster of the two is the reference for every variant (bf16 on a GPU; on a CPU
+  without bf16 instructions, fp32): the fraction of what the device's matmul library reaches at its best;
+- ``mfu`` (CUDA): against the data-sheet peak of ``PEAK_TFLOPS`` (dense, no sparsity), the usual MFU.
 
-The result (device, versions, the exact command, every raw timing) is written as JSON to
+The result (device, versions, the exact command, the load average, every raw timing) is written as JSON to
 ``benchmarks/results/train_throughput_<device>_<preset>.json`` unless ``--out`` says otherwise.
 """
 
@@ -30,11 +50,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -59,10 +81,47 @@ PEAK_TFLOPS: list[tuple[str, str, float]] = [
     ("A100", "float32", 156.0),
 ]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_VARIANTS = "pre,lns,pre+compile,pre+bf16,pre+bf16+compile,hf"
+HF_KINDS = ("hf", "official")
 
 
-# ---------------------------------------------------------------------------------- models
+# ---------------------------------------------------------------------------------- variants
+@dataclass(frozen=True)
+class Variant:
+    name: str  # as given, e.g. "lns+bf16+compile"
+    model: str  # a depthlab scheme, "hf" or "official"
+    bf16: bool
+    compile: bool
+
+    @property
+    def dtype(self) -> str:
+        return "bfloat16" if self.bf16 or self.model == "official" else "float32"
+
+
+def parse_variant(spec: str) -> Variant:
+    model, *flags = spec.strip().split("+")
+    unknown = [f for f in flags if f not in ("bf16", "compile")]
+    if unknown or not model:
+        raise ValueError(f"variant {spec!r}: MODEL[+bf16][+compile], unknown part(s) {unknown}")
+    if model == "official" and flags:
+        raise ValueError("the official-style loop is pure bf16 and uncompiled by definition: no +flags")
+    if model not in HF_KINDS:
+        from depthlab.schemes import get_scheme
+
+        get_scheme(model)  # an unknown scheme fails here, naming the valid ones
+    return Variant(spec.strip(), model, "bf16" in flags, "compile" in flags)
+
+
+class FixedBatch:
+    """The trainer's data interface over one fixed (x, y) batch in CPU memory."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def rank_batch(self, step: int, batch_size: int, rank: int, world_size: int):
+        return self.x, self.y
+
+
 def hf_llama(cfg: depthlab.ModelConfig) -> torch.nn.Module:
     """transformers.LlamaForCausalLM with the same shape as ``cfg`` (SDPA attention)."""
     from transformers import LlamaForCausalLM
@@ -73,6 +132,52 @@ def hf_llama(cfg: depthlab.ModelConfig) -> torch.nn.Module:
     hf_cfg.use_cache = False
     hf_cfg._attn_implementation = "sdpa"
     return LlamaForCausalLM(hf_cfg)
+
+
+def trainer_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device: torch.device, seed: int):
+    """(model, step closure) running depthlab's own optimizer step on ``data``."""
+    from depthlab.train import distributed as D
+    from depthlab.train.config import TrainConfig
+    from depthlab.train.optim import build_optimizer
+    from depthlab.train.step import Forward, autocast_for, compile_for_training, train_step
+
+    torch.manual_seed(seed)
+    model = depthlab.build_model(cfg.replace(scheme=v.model), device=device).train()
+    batch = data.x.shape[0]
+    tcfg = TrainConfig(optimizer="adamw", lr=1e-4, warmup=0, steps=10**9, batch_size=batch, micro_batch_size=batch,
+                       seq_len=data.x.shape[1], device=str(device), dtype="bf16" if v.bf16 else "fp32", compile=v.compile)
+    module, env = D.LMLoss(model), D.DistEnv()
+    forward = Forward(module, device, autocast_for(tcfg, device), compile_for_training(module) if v.compile else None)
+    optimizer = build_optimizer(model, tcfg, device)
+    counter = iter(range(1, 10**9))
+    return model, lambda: train_step(next(counter), forward, model, optimizer, data, tcfg, env)
+
+
+def hf_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device: torch.device, seed: int):
+    """(model, step closure) of a plain HF loop (``hf``) or the official-style loop (``official``)."""
+    torch.manual_seed(seed)
+    model = hf_llama(cfg).to(device).train()
+    if v.model == "official":
+        model = model.to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+
+    def loss_fn(inp: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        logits = model(input_ids=inp).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
+
+    fwd = torch.compile(loss_fn) if v.compile else loss_fn
+
+    def step() -> None:
+        x, y = data.x.to(device, non_blocking=True), data.y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=v.bf16):
+            loss = fwd(x, y)
+        loss.backward()
+        if v.model == "official":
+            loss.item()  # the official loop logs every micro-step's loss: a device sync each time
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, step
 
 
 def matmul_params(model: torch.nn.Module, cfg: depthlab.ModelConfig) -> int:
@@ -86,39 +191,28 @@ def flops_per_token(n_matmul: int, cfg: depthlab.ModelConfig, seq_len: int) -> f
     return 6.0 * n_matmul + 12.0 * cfg.n_layers * cfg.n_heads * cfg.dim_head * seq_len
 
 
-# ---------------------------------------------------------------------------------- one step
-def make_step(
-    model: torch.nn.Module, kind: str, x: torch.Tensor, y: torch.Tensor, amp: torch.dtype | None, compile_: bool
-) -> Callable[[], None]:
-    """A closure running one full training step of ``model`` on the fixed batch (x, y)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
-
-    def loss_fn(inp: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        if kind == "hf":
-            logits = model(input_ids=inp).logits
-        else:
-            logits = model(inp).logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
-
-    fwd = torch.compile(loss_fn) if compile_ else loss_fn
-    device_type = x.device.type
-
-    def step() -> None:
-        with torch.autocast(device_type, dtype=amp, enabled=amp is not None):
-            loss = fwd(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
-
-
+# ---------------------------------------------------------------------------------- environment
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-# ---------------------------------------------------------------------------------- environment
+def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, repeats: int) -> float:
+    """This machine's dense (n x n) @ (n x n) rate in TFLOP/s: the best of ``repeats`` timed products."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen).to(device, dtype) for _ in range(2))
+    for _ in range(2):
+        a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best / 1e12
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -138,171 +232,203 @@ def peak_tflops(name: str, dtype: str) -> float | None:
     return None
 
 
+def environment(device: torch.device) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        transformers = version("transformers")
+    except PackageNotFoundError:
+        transformers = None
+    cpu_flags = ""
+    if device.type == "cpu" and Path("/proc/cpuinfo").exists():
+        flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+        cpu_flags = " ".join(f for f in flags.split() if f.startswith(("avx512", "amx", "avx2")))
+    return {"device": device_name(device), "device_type": device.type, "torch": torch.__version__,
+            "transformers": transformers, "depthlab": depthlab.__version__, "python": platform.python_version(),
+            "threads": torch.get_num_threads(), "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count(), "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_flags": cpu_flags}
+
+
+# ---------------------------------------------------------------------------------- measuring
+def build_all(variants: list[Variant], cfg, data: FixedBatch, device: torch.device, seed: int) -> dict:
+    """name -> (model, step closure)."""
+    out = {}
+    for v in variants:
+        make = hf_step if v.model in HF_KINDS else trainer_step
+        out[v.name] = make(v, cfg, data, device, seed)
+    return out
+
+
+def warm_up(steps: dict, n: int, device: torch.device) -> dict[str, float]:
+    """Run ``n`` untimed steps of each variant (compiling the compiled ones); returns the first step's seconds."""
+    first = {}
+    for name, (_, step) in steps.items():
+        for i in range(n):
+            sync(device)
+            t0 = time.perf_counter()
+            step()
+            sync(device)
+            if i == 0:
+                first[name] = time.perf_counter() - t0
+        print(f"  warm-up {name}: first step {first.get(name, 0):.1f}s", flush=True)
+    return first
+
+
+def timed_rounds(steps: dict, args: argparse.Namespace, device: torch.device,
+                 matmul: Callable[[], float]) -> tuple[dict, dict, list[float]]:
+    """Interleaved rounds: seconds per round of ``args.steps`` steps, and peak memory (CUDA), per variant; and
+    ``matmul()`` (the fp32 matmul rate) once per round, so that the reference is measured at the same moments."""
+    names = list(steps)
+    raw: dict[str, list[float]] = {n: [] for n in names}
+    peak: dict[str, int | None] = {n: None for n in names}
+    rates = []
+    for r in range(args.repeats):
+        rates.append(matmul())
+        for n in names[r % len(names):] + names[: r % len(names)]:  # rotate the order each round
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                steps[n][1]()
+            sync(device)
+            raw[n].append(time.perf_counter() - t0)
+            if device.type == "cuda":
+                peak[n] = max(peak[n] or 0, torch.cuda.max_memory_allocated(device))
+        print(f"  round {r + 1}/{args.repeats}: " + "  ".join(f"{n} {raw[n][-1]:.2f}s" for n in names)
+              + f"  (fp32 matmul {rates[-1]:.3f} TFLOP/s)", flush=True)
+    return raw, peak, rates
+
+
+def summarize(variants: list[Variant], built: dict, raw: dict, peak: dict, first: dict, args, cfg, rates: dict,
+              peaks: dict) -> dict:
+    """Per variant: tokens/s (median, min, max), FLOP/s and its fractions, memory, compile cost."""
+    tokens_per_round = args.steps * args.batch_size * args.seq_len
+    results = {}
+    for v in variants:
+        tps = [tokens_per_round / t for t in raw[v.name]]
+        med = statistics.median(tps)
+        n_mm = matmul_params(built[v.name][0], cfg)
+        tflops = med * flops_per_token(n_mm, cfg, args.seq_len) / 1e12
+        step_s = args.batch_size * args.seq_len / med
+        results[v.name] = {
+            "model": v.model, "bf16": v.bf16, "compile": v.compile, "dtype": v.dtype,
+            "tokens_per_s_median": med, "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
+            "tokens_per_s_all": tps, "seconds_per_round": raw[v.name], "step_s": step_s,
+            "first_step_s": first.get(v.name), "compile_s_estimate": (first[v.name] - step_s) if v.compile and v.name in first
+            else None, "params": sum(p.numel() for p in built[v.name][0].parameters()), "matmul_params": n_mm,
+            "flops_per_token": flops_per_token(n_mm, cfg, args.seq_len), "achieved_tflops": tflops,
+            "of_matmul": tflops / max(rates.values()), "mfu": tflops / peaks[v.dtype] if peaks.get(v.dtype) else None,
+            "peak_memory_gib": peak[v.name] / 2**30 if peak[v.name] is not None else None,
+        }
+    return results
+
+
+def paired_ratios(raw: dict, variants: list[Variant]) -> dict[str, float]:
+    """Median over rounds of (time of b / time of a) = tokens/s of a over b, measured at the same moment:
+    every variant over the first ``hf`` variant, and each ``lns...`` over its ``pre...`` twin."""
+    names = [v.name for v in variants]
+    pairs = []
+    base = next((n for n in names if n.split("+")[0] == "hf"), None)
+    if base:
+        pairs += [(n, base) for n in names if n != base]
+    pairs += [(n, "pre" + n[3:]) for n in names if n.startswith("lns") and "pre" + n[3:] in names]
+    return {f"{a}_over_{b}": statistics.median(tb / ta for ta, tb in zip(raw[a], raw[b])) for a, b in pairs}
+
+
 # ---------------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="llama-20m", help="depthlab preset (default llama-20m)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--steps", type=int, default=3, help="timed steps per model per round")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per model before the first round")
-    p.add_argument("--repeats", type=int, default=10, help="rounds; each model's tokens/s is the median")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant before the first round (>= 1)")
+    p.add_argument("--repeats", type=int, default=8, help="rounds; each variant's tokens/s is the median")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="autocast dtype (float32 = none)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the forward + loss")
-    p.add_argument("--models", default="pre,lns,hf", help="comma list among pre, lns, hf (or any depthlab scheme)")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"MODEL[+bf16][+compile],... (default {DEFAULT_VARIANTS})")
+    p.add_argument("--matmul-size", type=int, default=None, help="n of the n x n matmul rate (default 1024 CPU, 8192 CUDA)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset field (e.g. n_layers=2)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/...)")
     args = p.parse_args(argv)
-    for name in ("seq_len", "batch_size", "steps", "repeats"):
+    for name in ("seq_len", "batch_size", "steps", "repeats", "warmup"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    try:
+        args.parsed = [parse_variant(s) for s in args.variants.split(",") if s.strip()]
+    except (ValueError, depthlab.DepthlabError) as err:
+        p.error(str(err))
     return args
 
 
-def build(name: str, cfg: depthlab.ModelConfig, device: torch.device, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = hf_llama(cfg) if name == "hf" else depthlab.build_model(cfg.replace(scheme=name))
-    return model.to(device).train()
+def measure(args: argparse.Namespace) -> dict:
+    """Build every variant, warm up, run the interleaved rounds; the report dict."""
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    base = depthlab.PRESETS[args.preset].get("max_seq_len", 1)
+    overrides = {k: int(v) for k, v in (item.split("=", 1) for item in args.set)}
+    cfg = depthlab.from_preset(args.preset, **{"max_seq_len": max(args.seq_len, base), **overrides})
+    gen = torch.Generator().manual_seed(args.seed)
+    tokens = torch.randint(cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen)
+    data = FixedBatch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+    env = environment(device)
+    n = args.matmul_size or (8192 if device.type == "cuda" else 1024)
+    rates = {"float32": matmul_tflops(device, torch.float32, n, 5), "bfloat16": matmul_tflops(device, torch.bfloat16, n, 5)}
+    peaks = {dt: peak_tflops(env["device"], dt) if device.type == "cuda" else None for dt in rates}
+    print(f"device {env['device']} | torch {torch.__version__} | threads {env['threads']} | matmul "
+          + ", ".join(f"{k} {v:.3f} TFLOP/s" for k, v in rates.items()), flush=True)
+    built = build_all(args.parsed, cfg, data, device, args.seed)
+    load_before = list(os.getloadavg())
+    first = warm_up(built, args.warmup, device)
+    raw, peak, fp32_rates = timed_rounds(built, args, device, lambda: matmul_tflops(device, torch.float32, n, 3))
+    rates["float32"] = statistics.median(fp32_rates)  # the same moments as the steps (a shared machine drifts)
+    return {
+        "benchmark": "train_throughput", "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        **env, "preset": args.preset, "model_config": cfg.to_dict(), "seq_len": args.seq_len,
+        "batch_size": args.batch_size, "steps_per_round": args.steps, "warmup_steps": args.warmup,
+        "repeats": args.repeats, "matmul_size": n, "matmul_tflops": rates, "fp32_matmul_tflops_per_round": fp32_rates,
+        "peak_tflops": peaks,
+        "flops_convention": "PaLM: 6*N_matmul + 12*L*H*head_dim*T per token (non-causal attention count)",
+        "results": summarize(args.parsed, built, raw, peak, first, args, cfg, rates, peaks),
+        "paired_ratios": paired_ratios(raw, args.parsed), "loadavg_before_after": [load_before, list(os.getloadavg())],
+        "goals": {"best_depthlab_over_hf_cpu": ">= 1.5", "lns_over_pre": ">= 0.99",
+                  "mfu_h100_llama-130m_seq1024_compiled_bf16": ">= 0.45", "over_official_gpu": ">= 2"},
+    }
+
+
+def print_table(report: dict) -> None:
+    print(f"\n{'variant':<22} {'tokens/s':>10} {'step s':>8} {'TFLOP/s':>8} {'of matmul':>9} {'MFU':>6} "
+          f"{'first s':>8} {'peak GiB':>8}")
+    for name, r in report["results"].items():
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
+        mem = f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "-"
+        print(f"{name:<22} {r['tokens_per_s_median']:>10.0f} {r['step_s']:>8.3f} {r['achieved_tflops']:>8.3f} "
+              f"{100 * r['of_matmul']:>8.1f}% {mfu:>6} {r['first_step_s']:>8.1f} {mem:>8}")
+    for k, v in report["paired_ratios"].items():
+        print(f"{k}: {v:.3f} (median of per-round ratios)")
+    print(f"load average before/after: {report['loadavg_before_after']}")
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    amp = None if args.dtype == "float32" else DTYPES[args.dtype]
-    names = [n.strip() for n in args.models.split(",") if n.strip()]
-    cfg = depthlab.from_preset(args.preset, max_seq_len=max(args.seq_len, depthlab.PRESETS[args.preset].get("max_seq_len", 1)))
-
-    gen = torch.Generator().manual_seed(args.seed)
-    tokens = torch.randint(cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen).to(device)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-    models = {n: build(n, cfg, device, args.seed) for n in names}
-    steps = {n: make_step(m, "hf" if n == "hf" else "depthlab", x, y, amp, args.compile) for n, m in models.items()}
-    n_matmul = {n: matmul_params(m, cfg) for n, m in models.items()}
-    print(f"device {device_name(device)} | torch {torch.__version__} | threads {torch.get_num_threads()}", flush=True)
-    for n in names:
-        print(f"  {n}: {sum(p.numel() for p in models[n].parameters()):,} params ({n_matmul[n]:,} in matmuls)")
-
-    # warm-up (and compilation), untimed
-    for n in names:
-        t0 = time.perf_counter()
-        for _ in range(args.warmup):
-            steps[n]()
-        sync(device)
-        print(f"  warm-up {n}: {time.perf_counter() - t0:.1f}s", flush=True)
-
-    load_before = _loadavg()
-    raw: dict[str, list[float]] = {n: [] for n in names}  # seconds per round of --steps steps
-    for r in range(args.repeats):
-        order = names[r % len(names):] + names[: r % len(names)]  # rotate the order each round
-        for n in order:
-            sync(device)
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                steps[n]()
-            sync(device)
-            raw[n].append(time.perf_counter() - t0)
-        print(f"  round {r + 1}/{args.repeats}: " + "  ".join(f"{n} {raw[n][-1]:.2f}s" for n in names), flush=True)
-
-    tokens_per_round = args.steps * args.batch_size * args.seq_len
-    name = device_name(device)
-    peak = peak_tflops(name, args.dtype) if device.type == "cuda" else None
-    results = {}
-    for n in names:
-        tps = [tokens_per_round / t for t in raw[n]]
-        med = statistics.median(tps)
-        fpt = flops_per_token(n_matmul[n], cfg, args.seq_len)
-        results[n] = {
-            "tokens_per_s_median": med,
-            "tokens_per_s_min": min(tps),
-            "tokens_per_s_max": max(tps),
-            "tokens_per_s_all": tps,
-            "seconds_per_round": raw[n],
-            "params": sum(p.numel() for p in models[n].parameters()),
-            "matmul_params": n_matmul[n],
-            "flops_per_token": fpt,
-            "achieved_tflops": med * fpt / 1e12,
-            "mfu": (med * fpt / 1e12 / peak) if peak else None,
-        }
-    # ratio of medians, and the median of the per-round (paired, same-moment) ratios
-    pairs = [("lns", "pre")] + [(n, "hf") for n in names if n != "hf"]
-    ratios, paired = {}, {}
-    for a, b in pairs:
-        if a in results and b in results:
-            ratios[f"{a}_over_{b}"] = results[a]["tokens_per_s_median"] / results[b]["tokens_per_s_median"]
-            paired[f"{a}_over_{b}"] = statistics.median(tb / ta for ta, tb in zip(raw[a], raw[b]))
-
-    report = {
-        "benchmark": "train_throughput",
-        "command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-        "device": name,
-        "device_type": device.type,
-        "torch": torch.__version__,
-        "transformers": _version("transformers"),
-        "depthlab": depthlab.__version__,
-        "python": platform.python_version(),
-        "threads": torch.get_num_threads(),
-        "cpu_count": _cpu_count(),
-        "preset": args.preset,
-        "model_config": cfg.to_dict(),
-        "seq_len": args.seq_len,
-        "batch_size": args.batch_size,
-        "steps_per_round": args.steps,
-        "warmup_steps": args.warmup,
-        "repeats": args.repeats,
-        "dtype": args.dtype,
-        "compile": args.compile,
-        "peak_tflops": peak,
-        "flops_convention": "PaLM: 6*N_matmul + 12*L*H*head_dim*T per token (non-causal attention count)",
-        "results": results,
-        "ratios": ratios,
-        "paired_ratios_median": paired,
-        "loadavg_before_after": [load_before, _loadavg()],
-        "goals": {"lns_over_pre": ">= 0.99", "depthlab_over_hf_cpu": ">= 1.1", "mfu_h100_llama-130m_seq1024": ">= 0.45"},
-    }
+    report = measure(args)
+    if argv is not None:
+        report["command"] = "python benchmarks/train_throughput.py " + " ".join(shlex.quote(a) for a in argv)
     out = Path(args.out) if args.out else (
-        Path(__file__).parent / "results" / f"train_throughput_{device.type}_{args.preset}.json"
-    )
+        Path(__file__).parent / "results" / f"train_throughput_{report['device_type']}_{args.preset}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-
-    print(f"\n{'model':<6} {'tokens/s':>10} {'min':>10} {'max':>10} {'TFLOP/s':>8} {'MFU':>6}")
-    for n in names:
-        r = results[n]
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
-        print(f"{n:<6} {r['tokens_per_s_median']:>10.0f} {r['tokens_per_s_min']:>10.0f} "
-              f"{r['tokens_per_s_max']:>10.0f} {r['achieved_tflops']:>8.3f} {mfu:>6}")
-    for k, v in ratios.items():
-        print(f"{k}: {v:.3f} (ratio of medians), {paired[k]:.3f} (median of per-round ratios)")
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(out)
+    print_table(report)
     print(f"wrote {out}")
     return report
-
-
-def _version(pkg: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(pkg)
-    except Exception:  # noqa: BLE001 - informational only
-        return None
-
-
-def _loadavg() -> list[float] | None:
-    import os
-
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-
-
-def _cpu_count() -> int | None:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 if __name__ == "__main__":

@@ -16,15 +16,20 @@ class RotaryEmbedding:
         self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():  # computed inside the graph: a cache filled during tracing would
+            return self._tables(seq_len, device)  # fail its guard on the next call and force a recompile
         key = (seq_len, str(device))
         if key not in self._cache:
-            exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
-            inv_freq = 1.0 / (self.theta**exponent)
-            pos = torch.arange(seq_len, dtype=torch.float32, device=device)
-            freqs = torch.outer(pos, inv_freq)
-            emb = torch.cat((freqs, freqs), dim=-1)  # (T, head_dim)
-            self._cache = {key: (emb.cos(), emb.sin())}  # keep one entry: seq lengths rarely vary
+            self._cache = {key: self._tables(seq_len, device)}  # keep one entry: seq lengths rarely vary
         return self._cache[key]
+
+    def _tables(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
+        inv_freq = 1.0 / (self.theta**exponent)
+        pos = torch.arange(seq_len, dtype=torch.float32, device=device)
+        freqs = torch.outer(pos, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (T, head_dim)
+        return emb.cos(), emb.sin()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ class TrainConfig(JsonConfig):
     # ---- execution
     device: str | None = None  # cpu | cuda | cuda:N; None = cuda when available
     dtype: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 (autocast; weights stay fp32)
-    compile: bool = False  # torch.compile the model
+    compile: bool | None = None  # torch.compile the training forward + loss; None = auto: on a CPU for runs of 4M+ tokens
     dist: str = "none"  # none | ddp | fsdp (under torchrun)
     # ---- evaluation, metrics, checkpoints
     eval_every: int | None = None  # steps between held-out evaluations; None = steps // 5; 0 = only at the end

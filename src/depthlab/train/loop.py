@@ -14,6 +14,7 @@ process, and a resumed run continues exactly where its checkpoint stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -43,7 +44,15 @@ from depthlab.train.metrics_log import MetricsLog
 from depthlab.train.optim import build_optimizer
 from depthlab.train.rundir import RESUME_KEYS, RunSetup, write_run_dir
 from depthlab.train.start import StartFrom
-from depthlab.train.step import Forward, StepResult, autocast_for, train_step
+from depthlab.train.step import (
+    Forward,
+    StepResult,
+    autocast_for,
+    choose_compile,
+    compile_for_training,
+    execution_plan,
+    train_step,
+)
 
 __all__ = ["RESUME_KEYS", "TrainingDiverged", "train"]
 
@@ -112,12 +121,14 @@ def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bo
     if start is not None:
         extra["tokenizer"] = start.tokenizer  # fine-tuning: the source's tokenizer (LMs)
     run = family.open_run(model_cfg, train_cfg, out, resume, env, **extra)  # bad input fails here or in the next
+    run = dataclasses.replace(run, cfg=run.cfg.replace(compile=choose_compile(run.cfg, device)))  # auto, decided
     data = start.load_data(run.cfg, run.tokenizer, env) if start else family.load_data(run, env)  # line; no writes
     guard.create()  # a fresh run's directory, locked; removed again if set-up fails
     if env.is_main:
         remove_stale_tmp(out)
     config = write_run_dir(run, command, env, start.record if start else None)
     session = _start_session(family, run, data, config, device, env, None if start is None else start.state_dict)
+    session.compile_auto = train_cfg.compile is None
     guard.keep()
     try:
         done = _run_steps(session, progress, quiet)
@@ -150,6 +161,7 @@ class _Session:
     wall_before: float = 0.0  # training wall time of earlier sessions
     last_ckpt: Path | None = None
     t_loop: float = 0.0  # perf_counter when this session's loop started
+    compile_auto: bool = False  # compiled or not by choose_compile's rule (the user left --compile unset)
 
     def wall(self) -> float:
         """Training wall time so far, earlier sessions included."""
@@ -167,13 +179,11 @@ def _start_session(family: TrainFamily, run: RunSetup, data: TrainData, config: 
     model = family.family.build(run.model_cfg, device=device)
     if init is not None and not run.resume:
         model.load_state_dict(init)
-    if cfg.compile:
-        model.compile()
     module = D.wrap(model, env, device, family.loss_module)
     optimizer = build_optimizer(model, cfg, device)
     resumed = _restore(run.out, module, model, optimizer, env) if run.resume else {}
     metrics = MetricsLog(run.out / "metrics.jsonl", env.is_main, resumed.get("start"), TrackerSpec.of(cfg), config)
-    forward = Forward(module, device, autocast_for(cfg, device))
+    forward = Forward(module, device, autocast_for(cfg, device), compile_for_training(module) if cfg.compile else None)
     evaluator = family.evaluator(forward, data, env, model, cfg)
     return _Session(run, env, model, module, optimizer, forward, data, evaluator, metrics, config, **resumed)
 
@@ -243,9 +253,9 @@ def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
     bar = tqdm(total=cfg.steps, initial=s.start, disable=quiet or not s.env.is_main or not sys.stderr.isatty(),
                file=sys.stderr, dynamic_ncols=True, unit="step")
     log.log(logging.DEBUG if quiet else logging.INFO,
-            "training %s (%s, %.2fM params) for %d steps: batch %d x %d tokens, lr %g, %s train sequences",
+            "training %s (%s, %.2fM params) for %d steps: batch %d x %d tokens, lr %g, %s train sequences; %s",
             run.model_cfg.name, run.model_cfg.scheme, s.model.num_params() / 1e6, cfg.steps, cfg.batch_size,
-            cfg.seq_len, cfg.lr, len(s.data.train) or "streamed")
+            cfg.seq_len, cfg.lr, len(s.data.train) or "streamed", execution_plan(cfg, s.forward.device, s.compile_auto))
     s.t_loop = time.perf_counter()
     s.module.train()
     if s.start == 0 and cfg.variance_every:

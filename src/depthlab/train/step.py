@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,24 +24,46 @@ from torch import nn
 from depthlab.data import IGNORE_INDEX
 from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
-from depthlab.train.optim import lr_at, set_lr
+from depthlab.train.optim import FUSED_DEVICES, lr_at, set_lr
 
 #: A factory of fresh autocast (or null) contexts, one per forward.
 Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
+def uses_bf16(cfg: TrainConfig, device: torch.device) -> bool:
+    """Whether the run's forward runs under bf16 autocast: ``cfg.dtype`` bf16, or auto on CUDA."""
+    return cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.type == "cuda")
+
+
 def autocast_for(cfg: TrainConfig, device: torch.device) -> Autocast:
     """A factory of the run's autocast context: bf16 when ``cfg.dtype`` says so (``auto``: on CUDA)."""
-    use_bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.type == "cuda")
-    return (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
+    return (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if uses_bf16(cfg, device) else contextlib.nullcontext
+
+
+def execution_plan(cfg: TrainConfig, device: torch.device, compile_auto: bool = False) -> str:
+    """How the steps run, for the run's one-line plan, e.g. ``cpu, fp32, eager (auto: 0.6M tokens), fused adam``
+    (``compile_auto``: the compile choice was :func:`choose_compile`'s, not the user's)."""
+    precision = "bf16 autocast (fp32 weights)" if uses_bf16(cfg, device) else "fp32"
+    fused = "fused " if device.type in FUSED_DEVICES else ""
+    mode = "compiled" if cfg.compile else "eager"
+    if compile_auto:
+        tokens = cfg.steps * cfg.batch_size * cfg.seq_len
+        mode += f" (auto: {tokens / 1e6:.1f}M tokens; compiled on a CPU from {CPU_COMPILE_TOKENS / 1e6:.0f}M)"
+    return f"{device.type}, {precision}, {mode}, {fused}{cfg.optimizer}"
 
 
 class Forward:
     """``forward(x, y=None, hidden=False, logits=False) -> LossOutput``: the (wrapped) loss module on
-    the run's device, under its autocast. Inputs move to the device here."""
+    the run's device, under its autocast. Inputs move to the device here.
 
-    def __init__(self, module: nn.Module, device: torch.device, autocast: Autocast) -> None:
-        self.module, self.device, self.autocast = module, device, autocast
+    ``compiled`` (``torch.compile(module)``, with ``--compile``) serves the training call only: gradients
+    on, loss only. Evaluation (no_grad) and the depth probes (hidden states, hooks, patched blocks) run
+    the eager module: compiled, each of them would be another graph (a recompile per removed block), and
+    the probes' hooks would run inside compiled code."""
+
+    def __init__(self, module: nn.Module, device: torch.device, autocast: Autocast,
+                 compiled: Callable[..., D.LossOutput] | None = None) -> None:
+        self.module, self.device, self.autocast, self.compiled = module, device, autocast, compiled
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor | None = None, hidden: bool = False,
                  logits: bool = False) -> D.LossOutput:
@@ -48,7 +71,8 @@ class Forward:
             labels = None if y is None else y.to(self.device, non_blocking=True)
             if logits:
                 return self.module(x.to(self.device, non_blocking=True), labels, hidden, True)
-            return self.module(x.to(self.device, non_blocking=True), labels, hidden)
+            train_call = self.compiled is not None and not hidden and torch.is_grad_enabled()
+            return (self.compiled if train_call else self.module)(x.to(self.device, non_blocking=True), labels, hidden)
 
     @contextlib.contextmanager
     def eval_mode(self) -> Iterator[None]:
@@ -58,6 +82,29 @@ class Forward:
             yield
         finally:
             self.module.train()
+
+
+#: ``compile=None`` (auto) compiles on a CPU when the run trains at least this many tokens: the compiled step is
+#: 1.1-1.2x the eager one there, and a cold inductor compile costs 60-75 s on a quiet 2-core machine (up to
+#: ~430 s on a loaded one), so it is repaid after ~1.5M (quiet) to ~3M (loaded) tokens of `tiny`
+#: (benchmarks/README.md). The CUDA default stays eager until a GPU measurement says otherwise.
+CPU_COMPILE_TOKENS = 4_000_000
+
+
+def choose_compile(cfg: TrainConfig, device: torch.device) -> bool:
+    """``cfg.compile`` when set; auto (None): on a CPU with a C++ compiler (inductor needs one) for a run of at
+    least :data:`CPU_COMPILE_TOKENS` tokens, else eager."""
+    if cfg.compile is not None:
+        return cfg.compile
+    tokens = (cfg.steps or 0) * (cfg.batch_size or 0) * (cfg.seq_len or 0)
+    has_cxx = any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
+    return device.type == "cpu" and tokens >= CPU_COMPILE_TOKENS and has_cxx
+
+
+def compile_for_training(module: nn.Module) -> Callable[..., D.LossOutput]:
+    """``torch.compile(module)`` (inductor): the training call of ``--compile``. The module itself stays
+    eager, so its state dict keeps its own names (no ``_orig_mod.`` prefix) and evaluation can use it."""
+    return torch.compile(module)
 
 
 @dataclass(frozen=True)
