@@ -1,6 +1,6 @@
-"""Fail when a function in src/ is longer than the limit (default 80 lines): code reads on one screen.
+"""Fail when a function is longer than the limit (default 80 lines): code reads on one screen.
 
-    python scripts/check_function_length.py [--max 80] [paths...]
+    python scripts/check_function_length.py [--max 80] [paths...]     # default: src benchmarks experiments scripts
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def long_functions(path: Path, limit: int) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="*", default=["src"])
+    parser.add_argument("paths", nargs="*", default=["src", "benchmarks", "experiments", "scripts"])
     parser.add_argument("--max", type=int, default=80)
     args = parser.parse_args()
     found = [msg for root in args.paths for p in sorted(Path(root).rglob("*.py")) for msg in long_functions(p, args.max)]
