@@ -148,7 +148,7 @@ def _shortest_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
 
 #: The layers of depthlab, lowest first: a package may import from its own layer and those below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("depthlab", "_lazy", "errors", "presets", "metrics", "provenance", "progress", "htmlpage", "jsonio",
+    ("foundation", ("depthlab", "_lazy", "errors", "presets", "metrics", "provenance", "progress", "htmlpage", "fileio",
                     "extras")),
     ("modules", ("nn",)),
     ("configs and the scheme registry", ("config", "schemes")),

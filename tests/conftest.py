@@ -27,3 +27,12 @@ def smollm2_dir(tmp_path_factory):
     from streaming_models import smollm2_safetensors
 
     return smollm2_safetensors(tmp_path_factory.mktemp("smollm2"))
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: tiny matmuls on 2 shared cores are slower with OpenMP threads spinning."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -13,7 +13,7 @@ import torch
 
 from depthlab import from_preset
 from depthlab.cli import main
-from depthlab.store.integrity import sha256_file
+from depthlab.fileio import sha256_file
 from depthlab.train import TrainConfig, train
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

@@ -26,12 +26,8 @@ TOL = 1e-5
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on 2 shared cores, OpenMP spinning makes these tiny matmuls ~10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(threads)
 
 
 def _flat(x):

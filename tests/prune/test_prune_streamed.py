@@ -21,11 +21,8 @@ OPTS = dict(data="builtin", tokens=96, seq_len=32, batch_size=2, progress=False,
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(threads)
 
 
 def _same_checkpoints(a, b, vocab: int = 300) -> None:

@@ -179,7 +179,7 @@ def test_unsafe_pickle_is_one_line_without_advice(tmp_path, reference):
 
     torch.save({"x": Evil()}, ckpt / "optimizer.pt")
     state = json.loads((ckpt / "trainer_state.json").read_text())  # a consistent tampering: sizes and sums updated
-    from depthlab.store.integrity import sha256_file
+    from depthlab.fileio import sha256_file
 
     state["files"]["optimizer.pt"] = (ckpt / "optimizer.pt").stat().st_size
     state["sha256"]["optimizer.pt"] = sha256_file(ckpt / "optimizer.pt")

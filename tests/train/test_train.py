@@ -11,8 +11,8 @@ import torch
 from depthlab import from_preset
 from depthlab.cli import main
 from depthlab.errors import DepthlabError
+from depthlab.fileio import sha256_file
 from depthlab.store import checkpoint as ckpt_mod
-from depthlab.store.integrity import sha256_file
 from depthlab.train import TrainConfig, TrainingDiverged, find_checkpoint, list_checkpoints, load_run, lr_at, train
 
 

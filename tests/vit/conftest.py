@@ -1,12 +1,8 @@
 """ViT tests run single-threaded (tiny ops on 2 shared cores are slower with OpenMP threads)."""
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(threads)

@@ -151,7 +151,11 @@ def run(args: argparse.Namespace) -> int:
     opts = DiagnoseOptions(**given)  # progress: a bar on a terminal, ETA log lines otherwise
     report = diagnose(target, opts, command=command_line(args.argv))
     report["engine"] = {"name": "in-memory", "line": plan.line}
-    page = write_report(report, out)
+    return _print_result(report, write_report(report, out), opts)
+
+
+def _print_result(report: dict, page, opts: DiagnoseOptions) -> int:
+    """The summary sentence and the report's path (a note on stderr when the data was short)."""
     if report["data"]["short"]:
         print(f"note: the data held only {report['data']['tokens']} tokens (asked for {opts.tokens}); used what there is",
               file=sys.stderr)
@@ -182,9 +186,4 @@ def _run_streamed(args: argparse.Namespace, given: dict, plan, device, dtype, ou
     report = diagnose_streamed(target, opts, command=command_line(args.argv), out=out, plan=plan)
     page = write_report(report, out)
     finish(out)
-    if report["data"]["short"]:
-        print(f"note: the data held only {report['data']['tokens']} tokens (asked for {opts.tokens}); used what there is",
-              file=sys.stderr)
-    print(report["summary"])
-    print(f"report: {page}")
-    return 0
+    return _print_result(report, page, opts)

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from depthlab.fileio import json_safe
 from depthlab.htmlpage import img, page
 from depthlab.htmlpage import kv_table as _kv
-from depthlab.jsonio import json_safe
 from depthlab.provenance import versions
 
 log = logging.getLogger(__name__)

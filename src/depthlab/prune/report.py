@@ -11,8 +11,8 @@ import torch
 
 from depthlab.diagnostics.angular import pair_matrix_to_layout
 from depthlab.diagnostics.summary import ranges
+from depthlab.fileio import json_safe
 from depthlab.htmlpage import esc, img, kv_table, page, table
-from depthlab.jsonio import json_safe
 from depthlab.provenance import versions
 
 log = logging.getLogger(__name__)

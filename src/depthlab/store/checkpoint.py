@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from depthlab.errors import DepthlabError, first_line
-from depthlab.store.integrity import sha256_file
+from depthlab.fileio import sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -40,14 +40,6 @@ def first_nonfinite(*named: tuple[str, Any]) -> str | None:
     return None
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _local_files(spec: str) -> list[Path] | None:
     if not spec or spec == "builtin" or spec.startswith("hf:"):
         return None

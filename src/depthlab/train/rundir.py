@@ -28,7 +28,7 @@ from depthlab.data import (
     shard_path,
 )
 from depthlab.errors import DepthlabError
-from depthlab.jsonio import write_json_atomic
+from depthlab.fileio import write_json_atomic
 from depthlab.provenance import command_line, versions
 from depthlab.store.integrity import data_fingerprint, fingerprint_change
 from depthlab.train import distributed as D

@@ -11,7 +11,6 @@ temporary sibling and renamed into place.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import logging
@@ -24,25 +23,9 @@ from pathlib import Path
 
 from depthlab.data.corpora import builtin_path
 from depthlab.errors import DepthlabError, first_line
+from depthlab.fileio import sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.chmod(tmp, 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def _run(cmd: list[str], cwd: Path) -> str:

@@ -1,11 +1,14 @@
-"""JSON written safely: values made JSON-ready, and files written to a temporary sibling then renamed.
+"""Files written and checked safely: JSON made JSON-ready, written to a temporary sibling then renamed, and a
+file's sha256 streamed.
 
     json_safe({"x": float("nan"), "t": (1, 2)})     # {"x": None, "t": [1, 2]}
     write_json_atomic(path, obj)                     # a crash leaves the old file or the new one, never half
+    sha256_file(path)                                # hex digest, read in 4 MiB chunks
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -38,3 +41,12 @@ def write_json_atomic(path: Path, obj: Any, indent: int = 2) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
