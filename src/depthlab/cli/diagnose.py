@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.diagnostics.options import SPLITS, DiagnoseOptions
@@ -77,7 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output directory (default reports/<target name>)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help="auto: bf16 on GPU, fp32 on CPU")
-    p.add_argument("--scheme", default=BASELINE_SCHEME, help=f"scheme of a preset:NAME target (default {BASELINE_SCHEME})")
+    p.add_argument("--scheme", default=None, help=f"scheme of a preset:NAME target (default {BASELINE_SCHEME}); other "
+                   "targets keep the scheme they were trained with")
     DIAGNOSE.add_to(p)
     add_config_flag(p)
     p.set_defaults(func=run)
@@ -113,23 +115,51 @@ def _seq_len(asked: int | None, target) -> int:
     return asked if asked is not None else min(256, limit or 256)
 
 
-def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from depthlab.diagnostics import diagnose, load_target, write_report
+def _check(args: argparse.Namespace, given: dict):
+    """Every check that needs no model, before it is loaded: the options, the device, the --mc task (read whole),
+    the output directory. Returns (device, dtype, out)."""
     from depthlab.errors import DepthlabError
-    from depthlab.provenance import command_line
 
-    given = DIAGNOSE.given(args)
-    for name in ("tokens", "seq_len", "batch_size", "jac_samples", "jac_context"):
-        if given.get(name) is not None and given[name] < 1:
-            raise DepthlabError(f"--{name.replace('_', '-')} must be positive, got {given[name]}")
-    if given.get("loss_budget", 0) < 0:
-        raise DepthlabError(f"--loss-budget must be >= 0, got {given['loss_budget']}")
+    DiagnoseOptions(**given).validate()
     device, dtype = _device_dtype(args)
     mc = given.get("mc")
-    if mc is not None and mc != "builtin-mc" and not mc.startswith("hf:") and not Path(mc).is_file():
-        raise DepthlabError(f"multiple-choice file {mc!r} does not exist")
+    if mc is not None and not mc.startswith("hf:"):
+        from depthlab.evaluate import load_tasks
+
+        load_tasks([mc], given.get("mc_limit"))  # a missing, non-UTF-8 or malformed file: refused now
+    if args.out:
+        why = _not_fresh(Path(args.out))
+        if why:
+            raise DepthlabError(f"--out {args.out!r} {why}; give a new or empty directory for the report")
+        return device, dtype, Path(args.out)
+    base = Path("reports") / Path(args.target.replace("preset:", "")).name.replace(".gguf", "")
+    out, n = base, 1
+    while _not_fresh(out):  # the default never overwrites an earlier report: reports/x-2, reports/x-3, ...
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return device, dtype, out
+
+
+def _not_fresh(out: Path) -> str | None:
+    """Why ``out`` cannot take a report (it holds a run, a model, a report, other files), or None."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return None
+    if (out / "checkpoint").is_dir() or (out / "trainer_state.json").is_file():
+        return "is a depthlab run directory"
+    if (out / "config.json").is_file():
+        return "is a model directory (config.json)"
+    if (out / "report.json").is_file():
+        return "already holds a diagnose report (report.json)"
+    return "is not empty"
+
+
+def run(args: argparse.Namespace) -> int:
+    from depthlab.diagnostics import diagnose, load_target, write_report
+    from depthlab.provenance import command_line
+    from depthlab.store.atomic import publish_dir
+
+    given = DIAGNOSE.given(args)
+    device, dtype, out = _check(args, given)
     target = load_target(args.target, device=device, dtype=dtype, scheme=args.scheme,
                          progress=None if given.get("progress", True) else False)
     given["seq_len"] = _seq_len(given.get("seq_len"), target)
@@ -142,11 +172,11 @@ def run(args: argparse.Namespace) -> int:
         print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails
     opts = DiagnoseOptions(**given)  # progress: a bar on a terminal, ETA log lines otherwise
     report = diagnose(target, opts, command=command_line(args.argv))
-    out = Path(args.out or Path("reports") / Path(args.target.replace("preset:", "")).name.replace(".gguf", ""))
-    page = write_report(report, out)
+    with publish_dir(out) as tmp:  # the report appears whole or not at all
+        write_report(report, tmp)
     if report["data"]["short"]:
         print(f"note: the data held only {report['data']['tokens']} tokens (asked for {opts.tokens}); used what there is",
               file=sys.stderr)
     print(report["summary"])
-    print(f"report: {page}")
+    print(f"report: {out / 'report.html'}")
     return 0

@@ -61,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
     from depthlab.diagnostics import load_target
     from depthlab.errors import DepthlabError
     from depthlab.prune import check_options, prune_target
-    from depthlab.prune.heal import check_heal
 
     if not args.out:
         raise DepthlabError("give --out DIR for the pruned checkpoint")
@@ -74,8 +73,7 @@ def run(args: argparse.Namespace) -> int:
     heal = HealOptions(**{"data": given.get("data", base.data), "seq_len": given.get("seq_len", base.seq_len),
                           **HEAL.given(args), "progress": progress})
     opts = PruneOptions(**given, heal=heal, progress=progress)
-    check_heal(heal)  # e.g. --heal lora without peft: before the model is loaded
-    check_options(opts, n_layers=10**9)  # what needs no model; the range checks follow once it is loaded
+    check_options(opts)  # what needs no model (--heal lora without peft too); block ranges once it is loaded
     device, dtype = _device_dtype(args)
     target = load_target(args.target, device=device, dtype=dtype, progress=progress)
     report = prune_target(target, opts, out, command="depthlab prune " + " ".join(shlex.quote(a) for a in _argv(args)))

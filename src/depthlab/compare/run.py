@@ -145,7 +145,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
 
     todo = [(sc, seed, out / "runs" / run_dirname(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes
             if not (out / "runs" / run_dirname(sc, seed) / "diagnostics" / "report.json").is_file()]
-    run_in_parallel(train_and_diagnose, cfg, todo, cfg.jobs, command)
+    run_in_parallel(train_and_diagnose, cfg, todo, cfg.jobs, command, label=run_name)
     rows, runs = [], {}
     for seed in cfg.seeds:
         for scheme in cfg.schemes:
