@@ -33,6 +33,7 @@ from depthlab.diagnostics import diagnose, load_target, write_report
 from depthlab.diagnostics.tracking import deepest_third
 from depthlab.errors import DepthlabError
 from depthlab.schemes import BASELINE_SCHEME, parse_scheme_spec
+from depthlab.store.atomic import publish_dir
 from depthlab.store.checkpoint import list_checkpoints
 from depthlab.train import train
 
@@ -68,7 +69,9 @@ def _diagnose_run(cfg: CompareConfig, run_dir: Path, command: str | None) -> dic
         return json.loads((out / "report.json").read_text())
     target = load_target(str(run_dir))
     report = diagnose(target, cfg.diagnose, command=command)
-    write_report(report, out)
+    shutil.rmtree(out, ignore_errors=True)  # a report cut short, as an older depthlab wrote them in place
+    with publish_dir(out) as tmp:  # whole or not at all: a report.json here means a whole report
+        write_report(report, tmp)
     return json.loads((out / "report.json").read_text())
 
 
