@@ -227,6 +227,8 @@ CASES = [
                                "--out", "{ws}/new"], "corpus.jsonl"),
     ("compare-diag-tokens", ["compare", "--schemes", "pre", "--diag-tokens", "0", "--out", "{ws}/new"],
      "--diag-tokens 0"),
+    ("compare-diag-mc-empty-choices", ["compare", "--schemes", "pre", "--diag-mc", "{ws}/empty_choices.jsonl",
+                                       "--out", "{ws}/new"], "empty_choices.jsonl:1"),
     # ---- prune
     ("prune-out-is-file", ["prune", "{ws}/run", "--remove", "1", "--out", "{ws}/a_file"], "a_file"),
     ("prune-missing-target", ["prune", "{ws}/no-such-run", "--remove", "1", "--out", "{ws}/new"], "no-such-run"),

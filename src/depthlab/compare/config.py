@@ -93,6 +93,10 @@ class CompareConfig:
         self.train.check_given()
         check_int("--jobs", self.jobs, 1)
         self.diagnose.validate("--diag-")
+        if self.diagnose.mc and not self.diagnose.mc.startswith("hf:"):
+            from depthlab.evaluate import load_tasks
+
+            load_tasks([self.diagnose.mc], self.diagnose.mc_limit)  # read whole now, not after the training
         for spec in self.specs():  # every model config must be valid before anything is trained
             model_cfg = self.model_config(spec)
             train_family(model_cfg).resolve_train(self.train, model_cfg)
