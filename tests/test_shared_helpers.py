@@ -49,6 +49,33 @@ def test_command_line_and_versions(monkeypatch):
 def test_first_line():
     assert first_line(ValueError("  first\nsecond")) == "first"
     assert first_line(OSError()) == "OSError"
+    # a first line that announces a list keeps it (transformers' tokenizer error was cut at "from one of:")
+    err = ValueError("Couldn't instantiate the backend tokenizer from one of: \n(1) a file, \n(2) a slow one \n\nok.")
+    assert first_line(err) == "Couldn't instantiate the backend tokenizer from one of: (1) a file, (2) a slow one ok."
+
+
+def test_range_checks_name_the_flag_and_the_value():
+    from depthlab.errors import DepthlabError, check_int, check_number, is_disk_full, os_error_line
+
+    assert check_int("--n", 3, 1) == 3 and check_number("--lr", 1e-3, above=0) == 1e-3
+    for call, line in [(lambda: check_int("--jobs", 0, 1), "--jobs 0 is out of range: give an integer >= 1"),
+                       (lambda: check_int("--seed", 2**40, 0, 9), "--seed 1099511627776 is out of range: give an "
+                                                                 "integer in 0..9"),
+                       (lambda: check_int("--steps", 2.5, 0), "--steps 2.5 is out of range: give an integer >= 0"),
+                       (lambda: check_int("--steps", True, 0), "--steps True is out of range"),
+                       (lambda: check_number("--lr", float("nan"), above=0), "--lr nan is out of range: give a "
+                                                                             "finite number > 0"),
+                       (lambda: check_number("--b", float("inf"), minimum=0), "--b inf is out of range"),
+                       (lambda: check_number("--t", 2.0, minimum=0, maximum=1), "--t 2 is out of range: give a "
+                                                                                "finite number >= 0 and <= 1")]:
+        with pytest.raises(DepthlabError) as err:
+            call()
+        assert str(err.value).startswith(line), err.value
+    full = OSError(28, "No space left on device")
+    assert is_disk_full(full) and is_disk_full(RuntimeError("I/O error: No space left on device (os error 28)"))
+    assert not is_disk_full(RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"))
+    assert os_error_line(full, "/x/out") == "no space left on the device holding '/x/out'"
+    assert os_error_line(OSError(13, "Permission denied"), "/x") == "cannot write '/x': Permission denied"
 
 
 def test_compare_cells():

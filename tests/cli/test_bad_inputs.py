@@ -2,6 +2,7 @@
 created or changed. In-process through ``depthlab.cli.main`` (fast); a few through a real interpreter."""
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -21,9 +22,69 @@ TINY = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--s
         "--seq-len", "16", "--batch-size", "4", "--eval-tokens", "128", "--steps", "2", "--device", "cpu", "-q"]
 
 
+def _rewrite_checkpoints(run: Path, config=None, tensors=None) -> None:
+    """Change every checkpoint of ``run`` (its config.json and / or its weights) with consistent checksums: what
+    a damaged but self-consistent run looks like to depthlab."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    for ckpt in (run / "checkpoint").iterdir():
+        if config is not None:
+            cfg = json.loads((ckpt / "config.json").read_text())
+            config(cfg)
+            (ckpt / "config.json").write_text(json.dumps(cfg))
+        if tensors is not None:
+            with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+                meta = f.metadata()
+            weights = load_file(str(ckpt / "model.safetensors"))
+            tensors(weights)
+            save_file(weights, str(ckpt / "model.safetensors"), metadata=meta)
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+        for name in ("config.json", "model.safetensors"):
+            state["files"][name] = (ckpt / name).stat().st_size
+            state["sha256"][name] = sha256_file(ckpt / name)
+        (ckpt / "trainer_state.json").write_text(json.dumps(state))
+
+
+def _hf_dirs(ws: Path) -> None:
+    """A tiny HF Llama (``hf``), one whose config.json claims a layer more than its weights hold (``hf_more``) and
+    one with a NaN weight (``hf_nan``)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, max_position_embeddings=64)).save_pretrained(ws / "hf")
+    shutil.copytree(ws / "hf", ws / "hf_more")
+    cfg = json.loads((ws / "hf_more" / "config.json").read_text())
+    (ws / "hf_more" / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    shutil.copytree(ws / "hf", ws / "hf_nan")
+    weights = load_file(str(ws / "hf_nan" / "model.safetensors"))
+    next(v for k, v in sorted(weights.items()) if "mlp" in k)[0, 0] = float("nan")
+    save_file(weights, str(ws / "hf_nan" / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _bad_files(ws: Path) -> None:
+    """Task and SFT files that must be refused, each for one reason."""
+    def jsonl(name: str, *rows) -> None:
+        (ws / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    ok = {"context": "The sky is", "choices": ["blue", "green"], "answer": 0}
+    jsonl("one_choice.jsonl", ok, {"question": "Which?", "choices": {"text": ["only"], "label": ["A"]},
+                                   "answerKey": "A"})
+    jsonl("one_ending.jsonl", {"ctx": "He opens the door and", "endings": ["walks in."], "label": 0})
+    jsonl("context_null.jsonl", ok, {"context": None, "choices": ["a", "b"], "answer": 1})
+    jsonl("empty_choices.jsonl", {"context": "Pick", "choices": ["", ""], "answer": 0})
+    sft = {"instruction": "Say hi.", "input": "", "output": "hi"}
+    jsonl("input_zero.jsonl", sft, sft, {"instruction": "Say hi.", "input": 0, "output": "hi"})
+    (ws / "trunc.gguf").write_bytes(b"GGUF\x03\x00\x00\x00\x01")  # the header cut short
+    (ws / "report").mkdir()
+    (ws / "report" / "report.json").write_text("{}")
+
+
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
-    """A workspace: a trained tiny run, a copy whose weights do not match its config, and bad files."""
+    """A workspace: a trained tiny run, a copy whose weights do not match its config, one with a NaN weight,
+    tiny HF models (one claiming more layers than it holds, one with a NaN weight), and bad files."""
     ws = tmp_path_factory.mktemp("ws")
     data = ws / "corpus.jsonl"
     data.write_text("\n".join(json.dumps({"text": f"Line {i} of a small corpus, words and words. " * 6})
@@ -32,14 +93,12 @@ def ws(tmp_path_factory):
     train(model, TrainConfig(data=str(data), tokenizer="bytes", steps=2, seq_len=16, batch_size=4, eval_tokens=128,
                              device="cpu"), ws / "run", quiet=True)
     shutil.copytree(ws / "run", ws / "mismatch")
-    for ckpt in (ws / "mismatch" / "checkpoint").iterdir():
-        config = json.loads((ckpt / "config.json").read_text())
-        config["model"]["d_model"] = 64  # the config now disagrees with the weights (checksums kept consistent)
-        (ckpt / "config.json").write_text(json.dumps(config))
-        state = json.loads((ckpt / "trainer_state.json").read_text())
-        state["files"]["config.json"] = (ckpt / "config.json").stat().st_size
-        state["sha256"]["config.json"] = sha256_file(ckpt / "config.json")
-        (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    _rewrite_checkpoints(ws / "mismatch", config=lambda c: c["model"].update(d_model=64))  # config != weights
+    shutil.copytree(ws / "run", ws / "nanrun")
+    _rewrite_checkpoints(ws / "nanrun", tensors=lambda w: next(v for k, v in sorted(w.items()) if "blocks.1." in k
+                                                               and v.is_floating_point()).view(-1)[0].fill_(float("nan")))
+    _hf_dirs(ws)
+    _bad_files(ws)
     (ws / "a_file").write_text("I am a file\n")
     (ws / "empty.txt").write_text("\n\n")
     (ws / "latin1.jsonl").write_bytes(b'{"question": "caf\xe9?", "choices": ["a", "b"], "answer": 0}\n')
@@ -93,6 +152,16 @@ CASES = [
      "steps"),
     ("train-allow-without-resume", ["train", *TINY, "--data", "{ws}/corpus.jsonl", "--allow-changed", "lr",
                                     "--out", "{ws}/new"], "allow-changed"),
+    ("train-seed-negative", ["train", *TINY, "--data", "{ws}/corpus.jsonl", "--seed=-1", "--out", "{ws}/new"],
+     "seed -1"),
+    ("train-seed-huge", ["train", *TINY, "--data", "{ws}/corpus.jsonl", "--seed", "99999999999999999999",
+                         "--out", "{ws}/new"], "99999999999999999999"),
+    ("train-vit-text-data", ["train", "--preset", "vit-tiny", "--data", "{ws}/corpus.jsonl", "--steps", "2",
+                             "--device", "cpu", "-q", "--out", "{ws}/new"], "corpus.jsonl"),
+    ("train-init-from-hf-more-layers", ["train", "--init-from", "{ws}/hf_more", "--data", "{ws}/corpus.jsonl",
+                                        "--out", "{ws}/new"], "3 layers"),
+    ("train-init-from-nan-run", ["train", "--init-from", "{ws}/nanrun", "--data", "{ws}/corpus.jsonl",
+                                 "--out", "{ws}/new"], "NaN"),
     # ---- diagnose
     ("diagnose-seq-len-run", ["diagnose", "{ws}/run", "--seq-len", "4096", "--out", "{ws}/new"], "4096"),
     ("diagnose-seq-len-preset", ["diagnose", "preset:tiny", "--seq-len", "100000", "--out", "{ws}/new"], "100000"),
@@ -104,6 +173,21 @@ CASES = [
     ("diagnose-device", ["diagnose", "{ws}/run", "--device", "tpu9", "--out", "{ws}/new"], "tpu9"),
     ("diagnose-tokens", ["diagnose", "{ws}/run", "--tokens", "0", "--out", "{ws}/new"], "--tokens"),
     ("diagnose-mismatch", ["diagnose", "{ws}/mismatch", "--device", "cpu", "--out", "{ws}/new"], "mismatch"),
+    ("diagnose-mc-one-choice", ["diagnose", "{ws}/run", "--mc", "{ws}/one_choice.jsonl", "--out", "{ws}/new"],
+     "one_choice.jsonl:2"),
+    ("diagnose-out-is-run", ["diagnose", "{ws}/run", "--device", "cpu", "--out", "{ws}/run"], "run directory"),
+    ("diagnose-out-is-hf-model", ["diagnose", "{ws}/run", "--device", "cpu", "--out", "{ws}/hf"], "model directory"),
+    ("diagnose-out-has-report", ["diagnose", "{ws}/run", "--device", "cpu", "--out", "{ws}/report"], "report.json"),
+    ("diagnose-scheme-on-run", ["diagnose", "{ws}/run", "--scheme", "lns", "--out", "{ws}/new"], "--scheme lns"),
+    ("diagnose-nan-run", ["diagnose", "{ws}/nanrun", "--device", "cpu", "--out", "{ws}/new"], "NaN"),
+    ("diagnose-nan-hf", ["diagnose", "{ws}/hf_nan", "--device", "cpu", "--out", "{ws}/new"], "NaN"),
+    ("diagnose-hf-more-layers", ["diagnose", "{ws}/hf_more", "--device", "cpu", "--out", "{ws}/new"], "3 layers"),
+    ("diagnose-truncated-gguf", ["diagnose", "{ws}/trunc.gguf", "--device", "cpu", "--out", "{ws}/new"],
+     "trunc.gguf"),
+    ("diagnose-loss-budget-nan", ["diagnose", "{ws}/run", "--loss-budget", "nan", "--out", "{ws}/new"],
+     "--loss-budget nan"),
+    ("diagnose-jac-layers-zero", ["diagnose", "{ws}/run", "--jac-layers", "0", "--out", "{ws}/new"],
+     "--jac-layers 0"),
     # ---- export
     ("export-hf-is-file", ["export", "{ws}/run", "--hf", "{ws}/a_file"], "a_file"),
     ("export-hf-under-file", ["export", "{ws}/run", "--hf", "{ws}/a_file/hf"], "a_file"),
@@ -133,6 +217,18 @@ CASES = [
     ("compare-out-is-file", ["compare", "--schemes", "pre", "--out", "{ws}/a_file"], "a_file"),
     ("compare-set-scheme", ["compare", "--schemes", "pre", "--set", "scheme=lns", "--out", "{ws}/new"], "scheme"),
     ("compare-preset", ["compare", "--schemes", "pre", "--preset", "llama-1z", "--out", "{ws}/new"], "llama-1z"),
+    ("compare-seeds-negative", ["compare", "--schemes", "pre", "--seeds=-1", "--out", "{ws}/new"], "--seeds -1"),
+    ("compare-seeds-huge", ["compare", "--schemes", "pre", "--seeds", "99999999999999999999", "--out", "{ws}/new"],
+     "99999999999999999999"),
+    ("compare-seeds-comma", ["compare", "--schemes", "pre", "--seeds", ",", "--out", "{ws}/new"], "','"),
+    ("compare-jobs-zero", ["compare", "--schemes", "pre", "--jobs", "0", "--out", "{ws}/new"], "--jobs 0"),
+    ("compare-jobs-negative", ["compare", "--schemes", "pre", "--jobs=-2", "--out", "{ws}/new"], "--jobs -2"),
+    ("compare-vit-text-data", ["compare", "--schemes", "pre", "--preset", "vit-tiny", "--data", "{ws}/corpus.jsonl",
+                               "--out", "{ws}/new"], "corpus.jsonl"),
+    ("compare-diag-tokens", ["compare", "--schemes", "pre", "--diag-tokens", "0", "--out", "{ws}/new"],
+     "--diag-tokens 0"),
+    ("compare-diag-mc-empty-choices", ["compare", "--schemes", "pre", "--diag-mc", "{ws}/empty_choices.jsonl",
+                                       "--out", "{ws}/new"], "empty_choices.jsonl:1"),
     # ---- prune
     ("prune-out-is-file", ["prune", "{ws}/run", "--remove", "1", "--out", "{ws}/a_file"], "a_file"),
     ("prune-missing-target", ["prune", "{ws}/no-such-run", "--remove", "1", "--out", "{ws}/new"], "no-such-run"),
@@ -140,6 +236,28 @@ CASES = [
     ("prune-block-range", ["prune", "{ws}/run", "--blocks", "9", "--device", "cpu", "--out", "{ws}/new"], "9"),
     ("prune-mismatch", ["prune", "{ws}/mismatch", "--remove", "1", "--device", "cpu", "--out", "{ws}/new"],
      "mismatch"),
+    ("prune-remove-zero", ["prune", "{ws}/run", "--remove", "0", "--out", "{ws}/new"], "--remove 0"),
+    ("prune-remove-negative", ["prune", "{ws}/run", "--remove=-1", "--out", "{ws}/new"], "--remove -1"),
+    ("prune-blocks-zero", ["prune", "{ws}/run", "--blocks", "0", "--out", "{ws}/new"], "--blocks 0"),
+    ("prune-blocks-negative", ["prune", "{ws}/run", "--blocks=-1", "--out", "{ws}/new"], "--blocks -1"),
+    ("prune-blocks-comma", ["prune", "{ws}/run", "--blocks", ",", "--out", "{ws}/new"], "','"),
+    ("prune-blocks-twice", ["prune", "{ws}/run", "--blocks", "1,1", "--out", "{ws}/new"], "1,1"),
+    ("prune-blocks-all", ["prune", "{ws}/run", "--blocks", "1,2", "--device", "cpu", "--out", "{ws}/new"], "1,2"),
+    ("prune-budget-nan", ["prune", "{ws}/run", "--budget", "nan", "--out", "{ws}/new"], "--budget nan"),
+    ("prune-budget-negative", ["prune", "{ws}/run", "--budget", "-1", "--out", "{ws}/new"], "--budget -1"),
+    ("prune-two-requests", ["prune", "{ws}/run", "--remove", "1", "--budget", "1", "--out", "{ws}/new"],
+     "--remove, --budget"),
+    ("prune-heal-lr-nan", ["prune", "{ws}/run", "--remove", "1", "--heal-steps", "1", "--heal-lr", "nan",
+                           "--out", "{ws}/new"], "--heal-lr nan"),
+    ("prune-heal-lr-negative", ["prune", "{ws}/run", "--remove", "1", "--heal-lr", "-1", "--out", "{ws}/new"],
+     "--heal-lr -1"),
+    ("prune-heal-steps", ["prune", "{ws}/run", "--remove", "1", "--heal-steps", "-3", "--out", "{ws}/new"],
+     "--heal-steps -3"),
+    ("prune-heal-batch-size", ["prune", "{ws}/run", "--remove", "1", "--heal-batch-size", "0", "--out", "{ws}/new"],
+     "--heal-batch-size 0"),
+    ("prune-tokens", ["prune", "{ws}/run", "--remove", "1", "--tokens", "0", "--out", "{ws}/new"], "--tokens 0"),
+    ("prune-nan-run", ["prune", "{ws}/nanrun", "--remove", "1", "--device", "cpu", "--out", "{ws}/new"], "NaN"),
+    ("prune-nan-hf", ["prune", "{ws}/hf_nan", "--remove", "1", "--device", "cpu", "--out", "{ws}/new"], "NaN"),
     # ---- finetune
     ("finetune-missing-source", ["finetune", "{ws}/no-such-run", "--data", "builtin-sft", "--out", "{ws}/new"],
      "no-such-run"),
@@ -148,6 +266,13 @@ CASES = [
                            "--out", "{ws}/new"], "corpus.jsonl"),
     ("finetune-out-is-file", ["finetune", "{ws}/run", "--data", "builtin-sft", "--out", "{ws}/a_file"], "a_file"),
     ("finetune-out-existing", ["finetune", "{ws}/run", "--data", "builtin-sft", "--out", "{ws}/run"], "run"),
+    ("finetune-input-zero", ["finetune", "{ws}/run", "--data", "{ws}/input_zero.jsonl", "--device", "cpu",
+                             "--out", "{ws}/new"], "input_zero.jsonl:3"),
+    ("finetune-hf-more-layers", ["finetune", "{ws}/hf_more", "--data", "builtin-sft", "--out", "{ws}/new"],
+     "3 layers"),
+    ("finetune-nan-run", ["finetune", "{ws}/nanrun", "--data", "builtin-sft", "--out", "{ws}/new"], "NaN"),
+    ("finetune-lr-nan", ["finetune", "{ws}/run", "--data", "builtin-sft", "--lr", "nan", "--device", "cpu",
+                         "--out", "{ws}/new"], "nan"),
     # ---- evaluate
     ("evaluate-missing-task", ["evaluate", "{ws}/run", "--tasks", "{ws}/nope.jsonl", "--out", "{ws}/new"],
      "nope.jsonl"),
@@ -156,6 +281,20 @@ CASES = [
      "no-such-run"),
     ("evaluate-batch-size", ["evaluate", "{ws}/run", "--tasks", "builtin-mc", "--batch-size", "0",
                              "--out", "{ws}/new"], "batch-size"),
+    ("evaluate-scheme-on-run", ["evaluate", "{ws}/run", "--tasks", "builtin-mc", "--scheme", "lns",
+                                "--out", "{ws}/new"], "--scheme lns"),
+    ("evaluate-one-choice-arc", ["evaluate", "{ws}/run", "--tasks", "{ws}/one_choice.jsonl", "--out", "{ws}/new"],
+     "one_choice.jsonl:2"),
+    ("evaluate-one-ending-hellaswag", ["evaluate", "{ws}/run", "--tasks", "{ws}/one_ending.jsonl",
+                                      "--out", "{ws}/new"], "one_ending.jsonl:1"),
+    ("evaluate-context-null", ["evaluate", "{ws}/run", "--tasks", "{ws}/context_null.jsonl", "--out", "{ws}/new"],
+     "context_null.jsonl:2"),
+    ("evaluate-empty-choices", ["evaluate", "{ws}/run", "--tasks", "{ws}/empty_choices.jsonl", "--out", "{ws}/new"],
+     "empty_choices.jsonl:1"),
+    ("evaluate-nan-run", ["evaluate", "{ws}/nanrun", "--tasks", "builtin-mc", "--device", "cpu", "--out", "{ws}/new"],
+     "NaN"),
+    ("evaluate-truncated-gguf", ["evaluate", "{ws}/trunc.gguf", "--tasks", "builtin-mc", "--device", "cpu",
+                                 "--out", "{ws}/new"], "trunc.gguf"),
 ]
 
 
@@ -164,11 +303,12 @@ def _argv(argv, ws):
 
 
 @pytest.mark.parametrize("argv,needle", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input(ws, argv, needle, capsys, monkeypatch, tmp_path):
+def test_bad_input(ws, argv, needle, capsys, caplog, monkeypatch, tmp_path):
     monkeypatch.setenv("DEPTHLAB_CACHE", str(tmp_path / "cache"))  # outside the workspace
     monkeypatch.chdir(ws)  # a default output directory would show up in the snapshot
     torch.set_num_threads(1)
     before = snapshot(ws)
+    caplog.set_level(logging.INFO)
     try:
         code = main(_argv(argv, ws))
     except SystemExit as exit_:  # argparse refuses a value itself (one line, exit 2)
@@ -179,8 +319,14 @@ def test_bad_input(ws, argv, needle, capsys, monkeypatch, tmp_path):
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"depthlab {argv[0]}: error:"), lines
     assert needle in lines[0], lines[0]
+    assert "1000000000" not in lines[0]  # no placeholder block count
     assert "Traceback" not in captured.err + captured.out
     assert snapshot(ws) == before
+    # refused before any work started: no training, diagnosis or pass over data logged or printed
+    work = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and r.name.startswith("depthlab")
+            and r.getMessage() and not r.getMessage().startswith("depthlab")]
+    assert not work, work
+    assert not captured.out.strip(), captured.out
 
 
 def test_there_are_enough_cases_for_every_command():
@@ -200,3 +346,40 @@ def test_bad_input_in_a_real_interpreter(ws, case):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
     assert snapshot(ws) == before
+
+
+def test_verbose_failure_shows_the_traceback_exits_2_and_removes_the_out_it_created(ws, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """-v adds the traceback of an unexpected error; the exit code and the clean-up stay those of any failure."""
+    import depthlab.evaluate
+
+    def broken(target, tasks, *, out, **kw):
+        Path(out).mkdir(parents=True)
+        (Path(out) / "eval.json").write_text("{")  # half an output
+        raise RuntimeError("boom in the middle")
+
+    monkeypatch.setattr(depthlab.evaluate, "evaluate", broken)
+    out = tmp_path / "evals"
+    code = main(["-v", "evaluate", str(ws / "run"), "--tasks", "builtin-mc", "--device", "cpu", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" in err and "boom in the middle" in err
+    assert err.strip().splitlines()[-1] == "depthlab evaluate: error: RuntimeError: boom in the middle"
+    assert not out.exists()
+
+
+def test_init_from_falls_back_past_a_damaged_newest_checkpoint(ws, tmp_path, capsys):
+    """As resume and diagnose do: the damaged newest checkpoint is named in a warning, the older intact one used."""
+    src = tmp_path / "src"
+    shutil.copytree(ws / "run", src)
+    newest = sorted((src / "checkpoint").glob("step-*"))[-1]
+    blob = bytearray((newest / "model.safetensors").read_bytes())
+    blob[-8:] = b"\x00" * 8  # same size, other bytes: caught by the checksum only
+    (newest / "model.safetensors").write_bytes(bytes(blob))
+    out = tmp_path / "new"
+    argv = ["train", "--init-from", str(src), "--data", str(ws / "corpus.jsonl"), "--seq-len", "16", "--batch-size",
+            "4", "--eval-tokens", "64", "--steps", "1", "--device", "cpu", "--no-plots", "-q", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    used = json.loads((out / "config.json").read_text())["init_from"]["checkpoint"]
+    intact = sorted((src / "checkpoint").glob("step-*"))[-2]
+    assert used == str(intact.resolve())

@@ -85,14 +85,14 @@ def _one_line_exit_2(argv, capsys, *needles):
 
 
 def test_bad_inputs_give_one_line_and_exit_2(tmp_path, capsys):
-    _one_line_exit_2(["diagnose", "no-such-model", "--out", str(tmp_path)], capsys, "unknown model 'no-such-model'")
-    _one_line_exit_2(["diagnose", str(tmp_path / "missing_dir/"), "--out", str(tmp_path)], capsys, "unknown model")
+    _one_line_exit_2(["diagnose", "no-such-model", "--out", str(tmp_path / "o")], capsys, "unknown model 'no-such-model'")
+    _one_line_exit_2(["diagnose", str(tmp_path / "missing_dir/"), "--out", str(tmp_path / "o")], capsys, "unknown model")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    _one_line_exit_2(["diagnose", "preset:tiny", "--data", str(empty), "--out", str(tmp_path), "--no-progress"],
-                     capsys, "no")
-    _one_line_exit_2(["diagnose", "preset:tiny", "--tokens", "0", "--out", str(tmp_path)], capsys, "--tokens")
-    _one_line_exit_2(["diagnose", "preset:nope", "--out", str(tmp_path)], capsys, "unknown preset")
+    _one_line_exit_2(["diagnose", "preset:tiny", "--data", str(empty), "--out", str(tmp_path / "o"), "--no-progress"],
+                     capsys, "empty.txt")
+    _one_line_exit_2(["diagnose", "preset:tiny", "--tokens", "0", "--out", str(tmp_path / "o")], capsys, "--tokens")
+    _one_line_exit_2(["diagnose", "preset:nope", "--out", str(tmp_path / "o")], capsys, "unknown preset")
 
 
 def test_unsupported_model_type_gives_one_line_and_exit_2(tmp_path, capsys):

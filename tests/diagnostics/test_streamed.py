@@ -18,7 +18,7 @@ from streaming_models import KINDS, hf_dir, save_hf, tiny_hf
 from depthlab.cli import main
 from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target
 from depthlab.diagnostics.streamed import SweepSettings
-from depthlab.diagnostics.streamed_runner import STATE_DIR, diagnose_streamed
+from depthlab.diagnostics.streamed_runner import diagnose_streamed, state_dir
 from depthlab.targets.layerwise import open_layerwise
 
 OPTS = dict(tokens=96, seq_len=32, batch_size=2, jacobian=False, progress=False)
@@ -156,14 +156,14 @@ def test_a_sweep_killed_mid_way_resumes_after_the_last_saved_layer(tmp_path):
     proc = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {env_path!r})\n" + code],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
-    saved = sorted(p.name for p in (out / STATE_DIR / "diagnose").iterdir())
+    saved = sorted(p.name for p in (state_dir(out) / "diagnose").iterdir())
     assert f"g00000-streams-{kill_at:05d}.pt" in saved and f"g00000-streams-{kill_at + 1:05d}.pt" not in saved
     assert main(["diagnose", str(path), "--stream", "--out", str(out), "--tokens", "96", "--seq-len", "32",
                  "--batch-size", "2", "--no-joint-check", "--no-progress"]) == 0
     rep = json.loads((out / "report.json").read_text())
     assert rep["engine"]["resumed"] == [{"pass": "diagnose", "group": 0, "layer": kill_at}]
     assert rep["engine"]["layers_computed"] == 6 - kill_at
-    assert not (out / STATE_DIR).exists()  # the state goes once the report is written
+    assert not state_dir(out).exists()  # the state goes once the report is written
     mem = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS, joint_check=False))
     assert_same(mem, rep, tol=0.0)  # the same numbers as a run never interrupted
 

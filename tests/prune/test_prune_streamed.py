@@ -68,7 +68,7 @@ def test_streamed_prune_equals_in_memory(tmp_path, kind, kw):
     saved = json.loads((tmp_path / "streamed" / "config.json").read_text())
     assert "layernorm_scaling" not in saved and saved["depthlab"]["removed_blocks"] == mem["removed_blocks"]
     _same_checkpoints(tmp_path / "mem", tmp_path / "streamed")
-    assert not (tmp_path / "streamed" / ".stream-state").exists()
+    assert not (tmp_path / ".streamed.stream-state").exists() and not list(tmp_path.glob(".streamed.tmp-*"))
 
 
 def test_a_sharded_checkpoint_is_cut_shard_by_shard(tmp_path):

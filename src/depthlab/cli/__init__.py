@@ -5,7 +5,7 @@ parser and sets ``func`` (called with the parsed args, returns an exit code or N
 discovered automatically, so adding a command touches no shared file.
 
 Every failure goes through one path (:func:`main`): one line on stderr naming the command, exit code
-2 (``-v`` shows the traceback of an unexpected one), third-party chatter silenced. An output
+2 (``-v`` also prints the traceback of an unexpected one), third-party chatter silenced. An output
 directory is checked before the command runs, and removed again if the command created it and then
 failed (see ``_outputs``).
 """
@@ -19,6 +19,7 @@ import os
 import pickle
 import pkgutil
 import sys
+import traceback
 import warnings
 
 from depthlab.cli._options import apply_config_file
@@ -69,17 +70,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as err:  # noqa: BLE001 - the one error path of the command line
         if args.verbose and not isinstance(err, DepthlabError):
-            raise
+            traceback.print_exc()  # -v: the traceback too, then the same clean-up, line and exit code
         if guard is not None:
             guard.cleanup()
-        print(f"depthlab {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        print(f"depthlab {args.command}: error: {_one_line(err, args.verbose)}", file=sys.stderr)
         return 2
     if code == 2 and guard is not None:
         guard.cleanup()
     return int(code or 0)
 
 
-def _one_line(err: BaseException) -> str:
+def _one_line(err: BaseException, verbose: bool = False) -> str:
     """What went wrong, in one line: a DepthlabError's message; the path and reason of an OSError;
     otherwise the exception's type and first line."""
     if isinstance(err, DepthlabError):
@@ -89,7 +90,7 @@ def _one_line(err: BaseException) -> str:
         return f"{where}{err.strerror}"
     if isinstance(err, pickle.UnpicklingError):
         return "refusing to unpickle a file that holds more than tensors (not written by depthlab, or tampered with)"
-    return f"{type(err).__name__}: {first_line(err)[:300]} (run with -v for the traceback)"
+    return f"{type(err).__name__}: {first_line(err)[:300]}" + ("" if verbose else " (run with -v for the traceback)")
 
 
 def _quiet_third_parties() -> None:

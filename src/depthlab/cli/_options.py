@@ -62,9 +62,12 @@ def field_docs(cls: type) -> dict[str, tuple[str, str]]:
 # ---------------------------------------------------------------------------------------------- types
 def _int_list(text: str) -> list[int]:
     try:
-        return [int(x) for x in str(text).split(",") if x.strip()]
+        values = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        values = []
+    if not values:  # "x", "1.5", "," or "": no list of integers
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return values
 
 
 def _str_list(text: str) -> list[str]:
@@ -194,13 +197,13 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 def _coerce(action: argparse.Action, key: str, value: Any, path: str) -> Any:
     """A config value as the flag would have parsed it (strings through the flag's type; choices checked)."""
-    if isinstance(value, str) and action.type is not None:
-        try:
+    try:
+        if isinstance(value, str) and action.type is not None:
             value = action.type(value)
-        except (ValueError, TypeError, argparse.ArgumentTypeError) as err:
-            raise DepthlabError(f"--config {path!r}: {key}={value!r}: {first_line(err)}") from None
-    elif isinstance(value, list) and action.type in (_int_list, _str_list):
-        value = action.type(",".join(str(v) for v in value))
+        elif isinstance(value, list) and action.type in (_int_list, _str_list):
+            value = action.type(",".join(str(v) for v in value))
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as err:
+        raise DepthlabError(f"--config {path!r}: {key}={value!r}: {first_line(err)}") from None
     if action.choices is not None and value not in action.choices:
         raise DepthlabError(f"--config {path!r}: {key}={value!r}; {choices(action.choices)}")
     if isinstance(action, argparse.BooleanOptionalAction) and not isinstance(value, bool):

@@ -50,19 +50,21 @@ class OutputGuard:
         return cls(path)
 
     def cleanup(self) -> None:
-        """Remove the output directory when this command created it and it holds no checkpoint."""
+        """Remove the output directory when this command created it and it holds no checkpoint. Never raises and
+        never writes (on a full disk the clean-up must not fail itself): the lock is only tested, not recorded."""
         if self.existed or self.path is None or not self.path.is_dir():
             return
-        if any(self.path.rglob("trainer_state.json")):
-            return
-        from depthlab.store.lock import RunLock
+        try:
+            if any(self.path.rglob("trainer_state.json")):
+                return
+            from depthlab.store.lock import RunLock
 
-        lock = RunLock(self.path)
-        try:
-            lock.acquire()
-        except DepthlabError:  # another process created it meanwhile and is writing it: not ours
+            lock = RunLock(self.path)
+            if not lock.try_acquire_quietly():  # another process created it meanwhile and is writing it: not ours
+                return
+            try:
+                shutil.rmtree(self.path, ignore_errors=True)
+            finally:
+                lock.release()
+        except OSError:  # the one error line matters more than a failed clean-up
             return
-        try:
-            shutil.rmtree(self.path, ignore_errors=True)
-        finally:
-            lock.release()

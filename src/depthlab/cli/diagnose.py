@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.diagnostics.options import SPLITS, DiagnoseOptions
@@ -79,7 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output directory (default reports/<target name>)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help="auto: bf16 on GPU, fp32 on CPU")
-    p.add_argument("--scheme", default=BASELINE_SCHEME, help=f"scheme of a preset:NAME target (default {BASELINE_SCHEME})")
+    p.add_argument("--scheme", default=None, help=f"scheme of a preset:NAME target (default {BASELINE_SCHEME}); other "
+                   "targets keep the scheme they were trained with")
     DIAGNOSE.add_to(p)
     add_config_flag(p)
     p.set_defaults(func=run)
@@ -115,25 +117,51 @@ def _seq_len(asked: int | None, target) -> int:
     return asked if asked is not None else min(256, limit or 256)
 
 
-def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from depthlab.diagnostics import diagnose, load_target, write_report
-    from depthlab.diagnostics.streamed_runner import plan_engine
+def _check(args: argparse.Namespace, given: dict):
+    """Every check that needs no model, before it is loaded: the options, the device, the --mc task (read whole),
+    the output directory. Returns (device, dtype, out)."""
     from depthlab.errors import DepthlabError
+
+    DiagnoseOptions(**given).validate()
+    device, dtype = _device_dtype(args)
+    mc = given.get("mc")
+    if mc is not None and not mc.startswith("hf:"):
+        from depthlab.evaluate import load_tasks
+
+        load_tasks([mc], given.get("mc_limit"))  # a missing, non-UTF-8 or malformed file: refused now
+    if args.out:
+        why = _not_fresh(Path(args.out))
+        if why:
+            raise DepthlabError(f"--out {args.out!r} {why}; give a new or empty directory for the report")
+        return device, dtype, Path(args.out)
+    base = Path("reports") / Path(args.target.replace("preset:", "")).name.replace(".gguf", "")
+    out, n = base, 1
+    while _not_fresh(out):  # the default never overwrites an earlier report: reports/x-2, reports/x-3, ...
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return device, dtype, out
+
+
+def _not_fresh(out: Path) -> str | None:
+    """Why ``out`` cannot take a report (it holds a run, a model, a report, other files), or None."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return None
+    if (out / "checkpoint").is_dir() or (out / "trainer_state.json").is_file():
+        return "is a depthlab run directory"
+    if (out / "config.json").is_file():
+        return "is a model directory (config.json)"
+    if (out / "report.json").is_file():
+        return "already holds a diagnose report (report.json)"
+    return "is not empty"
+
+
+def run(args: argparse.Namespace) -> int:
+    from depthlab.diagnostics import diagnose, load_target
+    from depthlab.diagnostics.streamed_runner import plan_engine
     from depthlab.provenance import command_line
 
     given = DIAGNOSE.given(args)
-    for name in ("tokens", "seq_len", "batch_size", "jac_samples", "jac_context"):
-        if given.get(name) is not None and given[name] < 1:
-            raise DepthlabError(f"--{name.replace('_', '-')} must be positive, got {given[name]}")
-    if given.get("loss_budget", 0) < 0:
-        raise DepthlabError(f"--loss-budget must be >= 0, got {given['loss_budget']}")
-    device, dtype = _device_dtype(args)
-    mc = given.get("mc")
-    if mc is not None and mc != "builtin-mc" and not mc.startswith("hf:") and not Path(mc).is_file():
-        raise DepthlabError(f"multiple-choice file {mc!r} does not exist")
-    out = Path(args.out or Path("reports") / Path(args.target.replace("preset:", "")).name.replace(".gguf", ""))
+    device, dtype, out = _check(args, given)
     plan = plan_engine(args.target, device, dtype, given.get("stream"))
     if plan.streamed:
         return _run_streamed(args, given, plan, device, dtype, out)
@@ -151,23 +179,28 @@ def run(args: argparse.Namespace) -> int:
     opts = DiagnoseOptions(**given)  # progress: a bar on a terminal, ETA log lines otherwise
     report = diagnose(target, opts, command=command_line(args.argv))
     report["engine"] = {"name": "in-memory", "line": plan.line}
-    return _print_result(report, write_report(report, out), opts)
+    return _publish(report, out, opts)
 
 
-def _print_result(report: dict, page, opts: DiagnoseOptions) -> int:
-    """The summary sentence and the report's path (a note on stderr when the data was short)."""
+def _publish(report: dict, out: Path, opts: DiagnoseOptions) -> int:
+    """Write the report whole (a hidden sibling renamed to ``out``), then print its summary sentence and path
+    (a note on stderr when the data was short)."""
+    from depthlab.diagnostics import write_report
+    from depthlab.store.atomic import publish_dir
+
+    with publish_dir(out) as tmp:
+        write_report(report, tmp)
     if report["data"]["short"]:
         print(f"note: the data held only {report['data']['tokens']} tokens (asked for {opts.tokens}); used what there is",
               file=sys.stderr)
     print(report["summary"])
-    print(f"report: {page}")
+    print(f"report: {out / 'report.html'}")
     return 0
 
 
-def _run_streamed(args: argparse.Namespace, given: dict, plan, device, dtype, out) -> int:
-    """The model read one layer at a time (``depthlab.diagnostics.streamed_runner``); its resume state lives
-    under ``out/.stream-state`` until the report is written."""
-    from depthlab.diagnostics import write_report
+def _run_streamed(args: argparse.Namespace, given: dict, plan, device, dtype, out: Path) -> int:
+    """The model read one layer at a time (``depthlab.diagnostics.streamed_runner``); its resume state lives in a
+    hidden sibling of ``out`` until the report is published."""
     from depthlab.diagnostics.streamed_runner import compute_dtype, diagnose_streamed, finish
     from depthlab.errors import DepthlabError
     from depthlab.provenance import command_line
@@ -184,6 +217,6 @@ def _run_streamed(args: argparse.Namespace, given: dict, plan, device, dtype, ou
     print(chosen, flush=True)
     opts = DiagnoseOptions(**given)
     report = diagnose_streamed(target, opts, command=command_line(args.argv), out=out, plan=plan)
-    page = write_report(report, out)
+    code = _publish(report, out, opts)
     finish(out)
-    return _print_result(report, page, opts)
+    return code

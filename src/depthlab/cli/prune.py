@@ -59,15 +59,14 @@ def run(args: argparse.Namespace) -> int:
 
     from depthlab.cli.diagnose import _device_dtype
     from depthlab.diagnostics import load_target
-    from depthlab.diagnostics.streamed_runner import STATE_DIR, plan_engine
+    from depthlab.diagnostics.streamed_runner import plan_engine
     from depthlab.errors import DepthlabError
     from depthlab.prune import check_options, prune_target
-    from depthlab.prune.heal import check_heal
 
     if not args.out:
         raise DepthlabError("give --out DIR for the pruned checkpoint")
     out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(p.name != STATE_DIR for p in out.iterdir())):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
     given = PRUNE.given(args)
     progress = given.pop("progress", True) and sys.stderr.isatty()
@@ -75,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
     heal = HealOptions(**{"data": given.get("data", base.data), "seq_len": given.get("seq_len", base.seq_len),
                           **HEAL.given(args), "progress": progress})
     opts = PruneOptions(**given, heal=heal, progress=progress)
-    check_heal(heal)  # e.g. --heal lora without peft: before the model is loaded
-    check_options(opts, n_layers=10**9)  # what needs no model; the range checks follow once it is loaded
+    check_options(opts)  # what needs no model (--heal lora without peft too); block ranges once it is loaded
     device, dtype = _device_dtype(args)
     plan = plan_engine(args.target, device, dtype, opts.stream)
     print(f"prune on {device.type}: engine: {plan.line.replace('; block Jacobians are in-memory only: off', '')}",

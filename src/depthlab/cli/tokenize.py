@@ -30,6 +30,7 @@ def run(args) -> int:
 
     from depthlab.data import build_tokenizer, check_tokenizer_spec, iter_documents, write_shards
     from depthlab.errors import DepthlabError
+    from depthlab.store.atomic import publish_dir
 
     if Path(args.out).exists():
         raise DepthlabError(f"output {args.out!r} already exists; choose a new --out")
@@ -37,8 +38,9 @@ def run(args) -> int:
     iter_documents(args.data, "train", args.text_field)
     texts = iter_documents(args.data, "train", args.text_field) if args.tokenizer.startswith("bpe:") else None
     tok = build_tokenizer(args.tokenizer, texts, cache_dir=args.cache_dir)
-    meta = write_shards(args.data, tok, args.out, args.text_field)
-    if not meta["train_tokens"]:
-        raise DepthlabError(f"--data {args.data!r} holds no text to tokenize")  # the CLI removes --out again
+    with publish_dir(args.out) as tmp:  # --out appears whole or not at all (a full disk leaves nothing behind)
+        meta = write_shards(args.data, tok, tmp, args.text_field)
+        if not meta["train_tokens"]:
+            raise DepthlabError(f"--data {args.data!r} holds no text to tokenize")
     print(f"{args.out}: {meta['train_tokens']} train + {meta['val_tokens']} val tokens ({meta['dtype']}, {tok.spec})")
     return 0

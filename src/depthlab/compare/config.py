@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from depthlab.diagnostics.options import DiagnoseOptions
-from depthlab.errors import DepthlabError, choices
-from depthlab.train.config import TrainConfig
+from depthlab.errors import DepthlabError, check_int, choices
+from depthlab.train.config import MAX_SEED, TrainConfig
 
 
 @dataclass
@@ -85,13 +85,18 @@ class CompareConfig:
                                 "(options at their defaults are the plain scheme)")
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise DepthlabError(f"seeds must be distinct and non-empty, got {self.seeds}")
+        for seed in self.seeds:
+            check_int("--seeds", seed, 0, MAX_SEED)
         family_of_preset(self.preset)  # an unknown preset names every known one
         if "scheme" in self.model_overrides:
             raise DepthlabError("model_overrides may not set 'scheme': list schemes in `schemes`")
-        if self.train.steps is not None and self.train.steps < 1:
-            raise DepthlabError(f"steps must be a positive integer, got {self.train.steps}")
-        if not isinstance(self.jobs, int) or self.jobs < 1:
-            raise DepthlabError(f"jobs must be a positive integer, got {self.jobs!r}")
+        self.train.check_given()
+        check_int("--jobs", self.jobs, 1)
+        self.diagnose.validate("--diag-")
+        if self.diagnose.mc and not self.diagnose.mc.startswith("hf:"):
+            from depthlab.evaluate import load_tasks
+
+            load_tasks([self.diagnose.mc], self.diagnose.mc_limit)  # read whole now, not after the training
         for spec in self.specs():  # every model config must be valid before anything is trained
             model_cfg = self.model_config(spec)
             train_family(model_cfg).resolve_train(self.train, model_cfg)

@@ -5,25 +5,26 @@ cores split between the workers (``torch.set_num_threads``). Small models on a C
 single-threaded runs on two cores do more work than one run on two threads. The tokenizer is built
 once, before the workers start, so they read it from the cache instead of racing to train it. The
 results land in the run directories, where the sequential pass of ``compare`` picks them up.
+
+Each run has its own process (not a pool: one dead pool worker breaks the whole pool), so a worker that
+fails or is killed (``kill -9``, the OOM killer) stops only its own run; the others finish, and the
+compare then ends with one line naming the runs that did not. Run the same command again to resume them.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
+import signal
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from depthlab.errors import DepthlabError
+
 log = logging.getLogger(__name__)
-
-
-def _init_worker(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
 
 
 def _warm_tokenizer(cfg: Any) -> None:
@@ -39,10 +40,52 @@ def _warm_tokenizer(cfg: Any) -> None:
         build_tokenizer(spec, iter_documents(t.data, "train", t.text_field), cache_dir=t.cache_dir)
 
 
+def _worker(conn: Any, threads: int, work: Callable[..., str], args: tuple) -> None:
+    """One run in a fresh process; sends ("ok", name) or ("error", one line) back."""
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        conn.send(("ok", work(*args)))
+    except BaseException as err:  # noqa: BLE001 - reported by the parent, in one line
+        from depthlab.errors import DepthlabError, first_line
+
+        line = first_line(err) if isinstance(err, DepthlabError) else f"{type(err).__name__}: {first_line(err)}"
+        conn.send(("error", line[:300]))
+    finally:
+        conn.close()
+
+
+def _ended(proc: Any, conn: Any, label: str) -> str | None:
+    """None when the worker finished its run, else one line saying how it ended."""
+    try:
+        status, text = conn.recv() if conn.poll() else (None, None)
+    except (EOFError, OSError):  # died before it could answer: its pipe is closed
+        status, text = None, None
+    conn.close()
+    if status == "ok":
+        return None
+    if status == "error":
+        return f"{label}: {text}"
+    code = proc.exitcode
+    if code is not None and code < 0:
+        try:
+            how = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"killed by signal {-code}"
+    else:
+        how = f"exited with code {code}"
+    return f"{label}: its worker process was {how}"
+
+
 def run_in_parallel(work: Callable[..., str], cfg: Any, todo: list[tuple[str, int, Path]], jobs: int,
-                    command: str | None) -> None:
+                    command: str | None, label: Callable[[str, int], str] = lambda s, seed: f"{s}-seed{seed}") -> None:
     """``work(cfg, scheme, seed, run_dir, command)`` (a module-level function: workers import it by
-    name) for every (scheme, seed, run_dir) of ``todo``, ``jobs`` at a time."""
+    name) for every (scheme, seed, run_dir) of ``todo``, ``jobs`` at a time, each in its own process.
+
+    A worker that fails or dies (``kill -9``, the OOM killer) stops only its own run: the others go on to the
+    end, and then one DepthlabError names every run that did not finish (each resumes when the command is run
+    again: its checkpoints are kept)."""
     if jobs < 2 or len(todo) < 2:
         return
     jobs = min(jobs, len(todo))
@@ -50,7 +93,30 @@ def run_in_parallel(work: Callable[..., str], cfg: Any, todo: list[tuple[str, in
     _warm_tokenizer(cfg)
     log.info("training %d runs, %d at a time (%d thread(s) each)", len(todo), jobs, threads)
     ctx = mp.get_context("spawn")  # fresh interpreters: no forked torch thread pools or locks
-    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
-        futures = [pool.submit(work, cfg, s, seed, d, command) for s, seed, d in todo]
-        for fut in as_completed(futures):
-            log.info("%s: trained and diagnosed", fut.result())
+    pending, running, failed = list(todo), {}, []
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                scheme, seed, run_dir = pending.pop(0)
+                parent, child = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_worker, args=(child, threads, work, (cfg, scheme, seed, run_dir, command)),
+                                   daemon=False)
+                proc.start()
+                child.close()
+                running[proc.sentinel] = (proc, parent, label(scheme, seed))
+            for sentinel in mp_connection.wait(list(running)):
+                proc, conn, name = running.pop(sentinel)
+                proc.join()
+                why = _ended(proc, conn, name)
+                if why is None:
+                    log.info("%s: trained and diagnosed", name)
+                else:
+                    log.warning("%s", why)
+                    failed.append(why)
+    finally:
+        for proc, _, _ in running.values():  # interrupted (Ctrl-C, an error here): no orphan keeps training
+            proc.terminate()
+            proc.join()
+    if failed:
+        raise DepthlabError(f"{len(failed)} of {len(todo)} runs did not finish ({'; '.join(failed)}); the others "
+                            "finished; run the same command again to resume")

@@ -34,6 +34,7 @@ from depthlab.diagnostics.tracking import deepest_third
 from depthlab.errors import DepthlabError
 from depthlab.monitor.trackers import compare_group, log_compare
 from depthlab.schemes import BASELINE_SCHEME, parse_scheme_spec
+from depthlab.store.atomic import publish_dir
 from depthlab.store.checkpoint import list_checkpoints
 from depthlab.train import train
 
@@ -70,7 +71,9 @@ def _diagnose_run(cfg: CompareConfig, run_dir: Path, command: str | None) -> dic
         return json.loads((out / "report.json").read_text())
     target = load_target(str(run_dir))
     report = diagnose(target, cfg.diagnose, command=command)
-    write_report(report, out)
+    shutil.rmtree(out, ignore_errors=True)  # a report cut short, as an older depthlab wrote them in place
+    with publish_dir(out) as tmp:  # whole or not at all: a report.json here means a whole report
+        write_report(report, tmp)
     return json.loads((out / "report.json").read_text())
 
 
@@ -147,7 +150,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
 
     todo = [(sc, seed, out / "runs" / run_dirname(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes
             if not (out / "runs" / run_dirname(sc, seed) / "diagnostics" / "report.json").is_file()]
-    run_in_parallel(train_and_diagnose, cfg, todo, cfg.jobs, command)
+    run_in_parallel(train_and_diagnose, cfg, todo, cfg.jobs, command, label=run_name)
     rows, runs = [], {}
     for seed in cfg.seeds:
         for scheme in cfg.schemes:

@@ -124,7 +124,9 @@ def write_shards(spec: str, tokenizer: Tokenizer, out_dir: str | Path, text_fiel
     training on large data: ``--data out_dir`` then memory-maps them. Returns the metadata."""
     out = Path(out_dir)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    out.mkdir(parents=True, exist_ok=False)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DepthlabError(f"output {str(out)!r} already exists; choose a new --out")
+    out.mkdir(parents=True, exist_ok=True)
     counts = {}
     for split in ("train", "val"):
         n = 0

@@ -31,6 +31,7 @@ from pathlib import Path
 from depthlab.data.named import NAMED_CORPORA, SHARDS_META, iter_named_documents
 from depthlab.errors import DepthlabError, choices, first_line
 from depthlab.extras import needs
+from depthlab.fileio import jsonl_lines
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +122,7 @@ def _iter_file(path: Path, text_field: str) -> Iterator[str]:
             if para.strip():
                 yield para.strip()
     elif path.suffix == ".jsonl":
-        for n, line in enumerate(_read_text(path).splitlines(), 1):
-            if not line.strip():
-                continue
+        for n, line in jsonl_lines(_read_text(path)):  # \n only: U+2028 may sit inside a JSON string
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:

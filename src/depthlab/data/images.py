@@ -155,6 +155,16 @@ def load_hf_images(name: str, image_size: int, channels: int, limit: int | None 
     return torch.stack(xs), torch.tensor(ys, dtype=torch.long), classes
 
 
+def check_image_spec(spec: str) -> str:
+    """``spec`` when it can name image data (``digits``, ``hf:NAME``, a folder); else DepthlabError, before any work
+    (a ViT asked to train on a text corpus is refused here, not after its run started)."""
+    if spec == "digits" or spec.startswith("hf:") or Path(spec).is_dir():
+        return spec
+    what = "a file, not a folder of images" if Path(spec).is_file() else "no such folder"
+    raise DepthlabError(f"unknown image data {spec!r} ({what}): a ViT trains on 'digits', a folder of class "
+                        "sub-folders, or hf:NAME")
+
+
 def load_images(spec: str, image_size: int = 8, channels: int = 1, test_fraction: float = 0.2, seed: int = 0,
                 limit: int | None = None, augment: bool | None = None) -> ImageData:
     """``digits``, a folder path or ``hf:NAME`` -> normalised, split ``ImageData`` (split seeded by ``seed``).
@@ -172,7 +182,7 @@ def load_images(spec: str, image_size: int = 8, channels: int = 1, test_fraction
     elif Path(spec).is_dir():
         x, y, classes = load_image_folder(spec, image_size, channels)
     else:
-        raise DepthlabError(f"unknown image data {spec!r}: use 'digits', a folder of class sub-folders, or hf:NAME")
+        check_image_spec(spec)
     return _finish(x, y, classes, test_fraction, seed, image_size >= 16 if augment is None else augment)
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from depthlab.errors import DepthlabError, choices
+from depthlab.fileio import read_json_records
 from depthlab.model import IGNORE_INDEX  # the one definition (the model's loss convention)
 
 log = logging.getLogger(__name__)
@@ -89,25 +90,7 @@ def get_template(name: str) -> PromptTemplate:
 
 # ---------------------------------------------------------------------- records
 def _read_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DepthlabError(f"SFT file {str(path)!r} is not valid UTF-8 (byte {err.start})") from None
-    if path.suffix == ".json":
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise DepthlabError(f"{path}: invalid JSON ({err.msg}, line {err.lineno})") from None
-        if not isinstance(rows, list):
-            raise DepthlabError(f"{path}: expected a JSON list of records, got {type(rows).__name__}")
-        yield from ((f"{path}[{i}]", r) for i, r in enumerate(rows))
-        return
-    for no, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                yield f"{path}:{no}", json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DepthlabError(f"{path}:{no}: invalid JSON ({err.msg})") from None
+    return read_json_records(path, "SFT file")
 
 
 def check_record(row: Any, where: str) -> dict[str, Any]:
@@ -127,9 +110,11 @@ def check_record(row: Any, where: str) -> dict[str, Any]:
     if not isinstance(row.get("instruction"), str) or not isinstance(row.get("output"), str):
         raise DepthlabError(f"{where}: not an SFT record: need instruction + output (Alpaca) or messages (chat); "
                             f"fields seen: {', '.join(sorted(row)) or 'none'}")
-    inp = row.get("input") or ""
+    inp = row.get("input")
+    if inp is None:
+        inp = ""
     if not isinstance(inp, str):
-        raise DepthlabError(f"{where}: 'input' must be a string")
+        raise DepthlabError(f"{where}: 'input' must be a string or absent, got {json.dumps(inp)[:40]}")
     return {"instruction": row["instruction"], "input": inp, "output": row["output"]}
 
 

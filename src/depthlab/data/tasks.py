@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlab.errors import DepthlabError
+from depthlab.fileio import read_json_records
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,24 @@ class _BadItem(ValueError):
 
 
 # ---------------------------------------------------------------------- helpers
+def _text(value: Any, name: str) -> str:
+    """A text field: a string (a number is taken as its digits); null, true, a list ... are refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise _BadItem(f"{name!r} must be a string, got {json.dumps(value, default=str)[:40]}")
+
+
+def _check_choices(item: TaskItem) -> None:
+    """At least two choices, none empty: a 1-choice item or ["", ""] would score 100 % for any model."""
+    if len(item.choices) < 2:
+        raise _BadItem(f"{len(item.choices)} choice(s): a multiple-choice item needs at least two")
+    empty = next((i for i, c in enumerate(item.choices, 1) if not c.strip()), None)
+    if empty is not None:
+        raise _BadItem(f"choice {empty} of {len(item.choices)} is empty")
+
+
 def _mc(context: str, choices: list[str], gold: int, instruction: str, words: list[str]) -> TaskItem:
     if not 0 <= gold < len(choices):
         raise _BadItem(f"answer index {gold} is not among the {len(choices)} choices")
@@ -83,7 +102,7 @@ def _labelled(choices: Any, key: Any) -> tuple[list[str], int]:
     """ARC/OBQA ``choices: {"text": [...], "label": [...]}`` and ``answerKey`` -> (texts, gold)."""
     if not isinstance(choices, dict) or not isinstance(choices.get("text"), list):
         raise _BadItem("'choices' must be {\"text\": [...], \"label\": [...]}")
-    texts = [str(t) for t in choices["text"]]
+    texts = [_text(t, "choices.text") for t in choices["text"]]
     labels = [str(x) for x in choices.get("label", [])]
     key = str(key).strip()
     if key not in labels:
@@ -103,21 +122,21 @@ def _index(raw: Any, n: int, base: int = 0) -> int:
 # ---------------------------------------------------------------------- formats
 def _arc(row: dict) -> TaskItem:
     texts, gold = _labelled(row["choices"], row["answerKey"])
-    q = str(row["question"])
+    q = _text(row["question"], "question")
     return _mc(f"Question: {q}\nAnswer:", texts, gold,
                *_listing(f"Please choose the correct answer to the question: {q}", "Answer", texts))
 
 
 def _openbookqa(row: dict) -> TaskItem:
     texts, gold = _labelled(row["choices"], row["answerKey"])
-    q = str(row["question_stem"])
+    q = _text(row["question_stem"], "question_stem")
     return _mc(q, texts, gold, *_listing(f"Please choose the correct answer to the question: {q}", "Answer", texts))
 
 
 def _piqa(row: dict) -> TaskItem:
-    sols = [str(row["sol1"]), str(row["sol2"])]
-    return _mc(f"Question: {row['goal']}\nAnswer:", sols, _index(row["label"], 2),
-               *_listing(f"Please choose the correct solution to the question: {row['goal']}", "Solution", sols))
+    sols, goal = [_text(row["sol1"], "sol1"), _text(row["sol2"], "sol2")], _text(row["goal"], "goal")
+    return _mc(f"Question: {goal}\nAnswer:", sols, _index(row["label"], 2),
+               *_listing(f"Please choose the correct solution to the question: {goal}", "Solution", sols))
 
 
 def _hellaswag_preprocess(text: str) -> str:
@@ -129,12 +148,12 @@ def _hellaswag_preprocess(text: str) -> str:
 
 def _hellaswag(row: dict) -> TaskItem:
     if "ctx_a" in row:
-        ctx = str(row["ctx_a"]) + " " + str(row.get("ctx_b", "")).capitalize()
+        ctx = _text(row["ctx_a"], "ctx_a") + " " + _text(row.get("ctx_b", ""), "ctx_b").capitalize()
     else:
-        ctx = str(row["ctx"])
+        ctx = _text(row["ctx"], "ctx")
     label = row.get("activity_label")
     query = _hellaswag_preprocess(f"{label}: {ctx}" if label else ctx)
-    endings = [str(e) for e in row["endings"]]
+    endings = [_text(e, "endings") for e in row["endings"]]
     shown = f"{label}: {row.get('ctx', ctx)}" if label else str(row.get("ctx", ctx))
     instruction, words = _listing(f"Please choose the correct ending to complete the given sentence: {shown}",
                                   "Ending", endings)
@@ -148,18 +167,20 @@ def _boolq(row: dict) -> TaskItem:
         raw = raw.strip().lower() == "true"
     if not isinstance(raw, bool) and raw not in (0, 1):
         raise _BadItem(f"answer {raw!r} is not among the choices (true/false)")
-    q = str(row["question"])
+    q, passage = _text(row["question"], "question"), _text(row["passage"], "passage")
     instruction = f"Please answer the following question with true or false, question: {q}?\n\nAnswer format: true/false"
-    return _mc(f"{row['passage']}\nQuestion: {q}?\nAnswer:", ["no", "yes"], int(bool(raw)), instruction,
+    return _mc(f"{passage}\nQuestion: {q}?\nAnswer:", ["no", "yes"], int(bool(raw)), instruction,
                ["false", "true"])
 
 
 def _winogrande(row: dict) -> TaskItem:
-    sentence = str(row["sentence"])
+    sentence = _text(row["sentence"], "sentence")
     if "_" not in sentence:
         raise _BadItem("sentence has no '_' blank")
     idx = sentence.index("_")
-    options = [str(row["option1"]), str(row["option2"])]
+    options = [_text(row["option1"], "option1"), _text(row["option2"], "option2")]
+    if not all(o.strip() for o in options):
+        raise _BadItem("an option is empty")
     gold = {"1": 0, "2": 1}.get(str(row["answer"]).strip())
     if gold is None:
         raise _BadItem(f"answer {row['answer']!r} is not among the choices (1, 2)")
@@ -172,8 +193,8 @@ def _winogrande(row: dict) -> TaskItem:
 
 
 def _siqa(row: dict) -> TaskItem:
-    answers = [str(row["answerA"]), str(row["answerB"]), str(row["answerC"])]
-    q = f"{row['context']} {row['question']}"
+    answers = [_text(row[k], k) for k in ("answerA", "answerB", "answerC")]
+    q = f"{_text(row['context'], 'context')} {_text(row['question'], 'question')}"
     return _mc(f"Q: {q}\nA:", answers, _index(row["label"], 3, base=1),
                *_listing(f"Please choose the correct answer to the question: {q}", "Answer", answers))
 
@@ -184,7 +205,7 @@ def _generic(row: dict) -> TaskItem:
         raise _BadItem("'choices' must be a list of at least two strings")
     raw = row["answer"]
     gold = choices.index(raw) if isinstance(raw, str) and raw in choices else _index(raw, len(choices))
-    ctx = str(row["context"])
+    ctx = _text(row["context"], "context")
     return _mc(ctx, list(choices), gold,
                *_listing(f"Please choose the correct answer to the question: {ctx}", "Answer", list(choices)))
 
@@ -266,6 +287,7 @@ def parse_rows(rows: Iterable[tuple[str, Any]], name: str, source: str, limit: i
                                 f"{fmt} needs {', '.join(FORMATS[fmt][0])})")
         try:
             item = FORMATS[fmt][1](row)
+            _check_choices(item)
         except (_BadItem, TypeError, ValueError, KeyError) as err:
             raise DepthlabError(f"{where}: {err}") from None
         items.append(TaskItem(item.contexts, item.continuations, item.choices, item.gold, item.instruction,
@@ -278,22 +300,11 @@ def parse_rows(rows: Iterable[tuple[str, Any]], name: str, source: str, limit: i
 
 
 def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DepthlabError(f"task file {str(path)!r} is not valid UTF-8 (byte {err.start})") from None
-    for no, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DepthlabError(f"{path}:{no}: invalid JSON ({err.msg})") from None
-        yield f"{path}:{no}", row
+    return read_json_records(path, "task file")
 
 
 def load_task_file(path: str | Path, limit: int | None = None, name: str | None = None) -> Task:
-    """A task from a local ``.jsonl`` file (one item per line, any format above)."""
+    """A task from a local ``.jsonl`` file (one item per line, any format above) or a ``.json`` list of items."""
     path = Path(path)
     if not path.is_file():
         raise DepthlabError(f"task file {str(path)!r} does not exist")

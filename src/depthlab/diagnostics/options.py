@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from depthlab.errors import DepthlabError, check_int, check_number, choices
+
 SPLITS = ("auto", "val", "all", "train")
 
 
@@ -36,3 +38,26 @@ class DiagnoseOptions:
     progress: bool = True  # progress bars on a terminal, ETA log lines otherwise
     # ---- engine
     stream: bool | None = None  # read the model layer by layer; default: when it exceeds free memory (HF safetensors dirs, runs)
+
+    def validate(self, prefix: str = "--") -> None:
+        """Refuse, in one line naming the flag (``prefix`` + field, e.g. ``--diag-tokens`` in compare) and the
+        value, what cannot work: before a model is loaded."""
+        def flag(name: str) -> str:
+            return prefix + name.replace("_", "-")
+
+        if self.split not in SPLITS:
+            raise DepthlabError(f"unknown {flag('split')} {self.split!r}; {choices(SPLITS)}")
+        for name, low in (("tokens", 1), ("seq_len", 2), ("batch_size", 1), ("jac_samples", 1), ("jac_context", 1),
+                          ("heatmap_dims", 1)):
+            check_int(flag(name), getattr(self, name), low)
+        if self.mc_limit is not None:
+            check_int(flag("mc_limit"), self.mc_limit, 1)
+        check_int(flag("seed"), self.seed, 0, 2**32 - 1)
+        check_number(flag("loss_budget"), self.loss_budget, minimum=0)
+        check_number(flag("identity_threshold"), self.identity_threshold, minimum=0, maximum=1)
+        for name in ("jac_layers", "heatmap_layers"):
+            blocks = getattr(self, name)
+            if blocks is not None and (not blocks or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
+                                                         for b in blocks)):
+                raise DepthlabError(f"{flag(name)} {','.join(map(str, blocks)) or repr('')} is out of range: give "
+                                    "1-based block numbers, e.g. 1,2")

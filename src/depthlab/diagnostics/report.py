@@ -67,7 +67,7 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
     (out / "report.json").write_text(json.dumps(json_safe(report), indent=1) + "\n")
     path = out / "report.html"
     path.write_text(render_html(report, out))
-    log.info("wrote %s", path)
+    log.debug("wrote %s", path)
     return path
 
 

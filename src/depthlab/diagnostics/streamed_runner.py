@@ -45,7 +45,11 @@ from depthlab.targets.layerwise import StreamTarget, locate, stored_bytes
 log = logging.getLogger(__name__)
 
 #: Directory under ``--out`` holding a streamed sweep's resume state (removed once the results are written).
-STATE_DIR = ".stream-state"
+def state_dir(out: str | Path) -> Path:
+    """Where a streamed sweep writing to ``out`` keeps its resume state: a hidden sibling of ``out``
+    (``out`` itself appears only once the report is complete)."""
+    out = Path(out)
+    return out.parent / f".{out.name}.stream-state"
 #: Weights in bf16 are computed in fp32 on a CPU, one layer upcast at a time: on this project's 2-core AMD EPYC
 #: (AVX2, no AVX512-BF16), one Llama-3-8B-shaped decoder layer on 256 tokens takes 28.4 s in bf16 and 10.1 s
 #: upcast to fp32, the upcast included (benchmarks/results/streamed_bf16_vs_fp32_cpu.json). On a GPU, bf16 stays bf16.
@@ -184,12 +188,13 @@ def diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions | None = None,
                       out: Path | None = None, settings: SweepSettings | None = None,
                       plan: EnginePlan | None = None) -> dict[str, Any]:
     """What :func:`~depthlab.diagnostics.diagnose` reports (Jacobians excepted), the model read one layer at
-    a time. ``out``: the report directory, under which the resume state lives while the sweep runs."""
+    a time. ``out``: the report directory; the resume state lives beside it (:func:`state_dir`) while the sweep
+    runs."""
     opts = opts or DiagnoseOptions()
     t0 = time.time()
     settings = settings or SweepSettings(progress=opts.progress)
     if settings.state_dir is None and out is not None:
-        settings.state_dir = Path(out) / STATE_DIR
+        settings.state_dir = state_dir(out)
     sweeper = Sweeper(target, settings)
     L = target.source.n_layers
     batches, text = text_batches(target, opts)
@@ -237,4 +242,4 @@ def engine_record(sweeper: Sweeper, plan: EnginePlan | None) -> dict[str, Any]:
 
 def finish(out: Path) -> None:
     """The report is written: drop the resume state."""
-    clear_state(Path(out) / STATE_DIR)
+    clear_state(state_dir(out))

@@ -154,16 +154,20 @@ def markdown_table(results: dict[str, dict[str, Any]]) -> str:
 
 def write_results(out: str | Path, results: dict[str, dict[str, Any]], meta: dict[str, Any],
                   generations: dict[str, list[dict[str, Any]]] | None = None) -> Path:
+    """``eval.json``, ``eval.md`` (and the generations) into ``out``, which must be new or empty: written into a
+    hidden sibling and renamed, so ``out`` appears whole or not at all."""
+    from depthlab.store.atomic import publish_dir
+
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
 
     def clean(v: Any) -> Any:  # NaN is not JSON
         return None if isinstance(v, float) and math.isnan(v) else v
 
     body = {**meta, "results": {t: {k: clean(v) for k, v in r.items()} for t, r in results.items()}}
-    (out / "eval.json").write_text(json.dumps(body, indent=2) + "\n")
-    (out / "eval.md").write_text(markdown_table(results))
-    for name, rows in (generations or {}).items():
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-        (out / f"generations-{safe}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with publish_dir(out) as tmp:
+        (tmp / "eval.json").write_text(json.dumps(body, indent=2) + "\n")
+        (tmp / "eval.md").write_text(markdown_table(results))
+        for name, rows in (generations or {}).items():
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            (tmp / f"generations-{safe}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out

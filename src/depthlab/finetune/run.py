@@ -183,6 +183,7 @@ def finetune(source: str | Path, train_cfg: TrainConfig, out: str | Path, *, res
     from depthlab.train.start import StartFrom
 
     out = Path(out)
+    train_cfg.check_given()  # a NaN lr, a negative seed, ...: before the source is loaded or the data read
     if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"run directory {str(out)!r} already exists; pass --resume to continue it "
                             "or choose a new --out")

@@ -10,7 +10,11 @@ is a :class:`~depthlab.errors.DepthlabError` naming the file and what differs, b
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,23 @@ def _missing_message(where: str, model: Any, missing: list[str]) -> str:
     return f"{where}: the weights lack {len(missing)} tensor(s) the config needs, e.g. {missing[0]!r}"
 
 
+@contextlib.contextmanager
+def third_party_output(show: bool | None = None) -> Iterator[None]:
+    """Loading bars of transformers and its GGUF reader: shown only on a terminal (``show=None``) or when
+    asked; otherwise off and their stderr swallowed, so a piped log or a one-line error stays clean
+    (depthlab's own stages log their progress). Errors still surface as exceptions."""
+    if show is None:
+        show = sys.stderr.isatty()
+    if show:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):
+        yield
+
+
 def load_pretrained(path: str | Path, auto_class: Any = None, **kwargs: Any) -> Any:
     """``auto_class.from_pretrained(path, **kwargs)`` (``AutoModelForCausalLM`` by default, no remote code),
     refused in one line when weights are missing, unexpected, of another shape than the config, or not finite."""
@@ -41,8 +62,9 @@ def load_pretrained(path: str | Path, auto_class: Any = None, **kwargs: Any) -> 
     if str(path).startswith((".", "/", "~")) and not Path(path).expanduser().exists():
         raise DepthlabError(f"{refuse}: no such directory")
     try:
-        model, info = auto_class.from_pretrained(str(path), **{"trust_remote_code": False, **kwargs},
-                                                 output_loading_info=True, ignore_mismatched_sizes=True)
+        with third_party_output():  # transformers' loading bars: on a terminal only (a refusal stays one line)
+            model, info = auto_class.from_pretrained(str(path), **{"trust_remote_code": False, **kwargs},
+                                                     output_loading_info=True, ignore_mismatched_sizes=True)
     except (RuntimeError, ValueError, OSError) as err:
         text = str(err)
         size = next((ln.strip() for ln in text.splitlines() if "size mismatch" in ln or "shape" in ln.lower()), None)

@@ -174,10 +174,12 @@ def verify_export(out: str | Path, reference: nn.Module, ids: torch.Tensor, new_
 
 
 def lm_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Logits (B, T, V) of a depthlab model or an HF causal LM (no cache)."""
+    """Logits (B, T, V) of a depthlab model or an HF causal LM (no cache), either of them possibly wrapped with
+    LoRA adapters (a peft model: its base model decides how it is called)."""
     from depthlab.model import DecoderLM
 
-    if isinstance(model, DecoderLM):
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    if isinstance(base, DecoderLM):
         return model(ids).logits
     return model(input_ids=ids, use_cache=False).logits
 

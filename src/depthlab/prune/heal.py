@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from depthlab.errors import DepthlabError, choices
+from depthlab.errors import DepthlabError
 from depthlab.extras import needs
 from depthlab.model import IGNORE_INDEX
 from depthlab.prune.export import lm_logits
-from depthlab.prune.options import HEAL_MODES, HealOptions
+from depthlab.prune.options import HealOptions
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def check_heal(opts: HealOptions) -> None:
     """Refuse bad healing options before anything is computed."""
-    if opts.mode not in HEAL_MODES:
-        raise DepthlabError(f"unknown --heal {opts.mode!r}; {choices(HEAL_MODES)}")
-    if opts.steps < 0 or opts.batch_size < 1 or opts.seq_len < 2 or opts.lr <= 0:
-        raise DepthlabError("--heal-steps must be >= 0, --heal-lr > 0, --heal-batch-size >= 1 and --seq-len >= 2")
+    opts.validate()
     if opts.mode == "lora" and opts.steps > 0 and importlib.util.find_spec("peft") is None:
         raise needs("--heal lora (or use --heal full)", "lora")
 

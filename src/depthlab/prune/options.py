@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from depthlab.errors import DepthlabError, check_int, check_number, choices
+
 METHODS = ("removal", "angular-block", "influence")  # how blocks are chosen (depthlab.prune.select)
 HEAL_MODES = ("full", "lora")
 
@@ -23,6 +25,18 @@ class HealOptions:
     lora_rank: int = 16  # rank of the LoRA adapters
     seed: int = 0  # data order and adapter init
     progress: bool = True  # a progress bar
+
+    def validate(self) -> None:
+        """Refuse, in one line naming the flag and the value, what cannot work (before anything is loaded)."""
+        if self.mode not in HEAL_MODES:
+            raise DepthlabError(f"unknown --heal {self.mode!r}; {choices(HEAL_MODES)}")
+        check_int("--heal-steps", self.steps, 0)
+        check_number("--heal-lr", self.lr, above=0, maximum=1e6)
+        check_int("--heal-batch-size", self.batch_size, 1)
+        check_int("--seq-len", self.seq_len, 2)
+        check_int("--heal-warmup", self.warmup, 0)
+        check_int("--heal-lora-rank", self.lora_rank, 1)
+        check_int("--heal-seed", self.seed, 0, 2**32 - 1)
 
 
 @dataclass
@@ -44,3 +58,40 @@ class PruneOptions:
     progress: bool = True  # progress bars
     # ---- engine
     stream: bool | None = None  # read the model layer by layer (no healing, no latency); default: when it exceeds free memory
+
+    def validate(self, n_layers: int | None = None) -> None:
+        """Refuse a bad request in one line naming the flag and the value: without ``n_layers`` what needs no
+        model (run before it is loaded), with it also the ranges that depend on the model's blocks."""
+        given = [name for name in ("remove", "budget", "blocks") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise DepthlabError("give exactly one of --remove N, --budget NATS, --blocks LIST"
+                                + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
+        if self.method not in METHODS:
+            raise DepthlabError(f"unknown --method {self.method!r}; {choices(METHODS)}")
+        if self.remove is not None:
+            check_int("--remove", self.remove, 1)
+            if n_layers is not None and self.remove >= n_layers:
+                raise DepthlabError(f"--remove {self.remove} is out of range: the model has {n_layers} blocks, so "
+                                    + (f"remove 1..{n_layers - 1}" if n_layers > 1 else "none can be removed"))
+        if self.budget is not None:
+            check_number("--budget", self.budget, minimum=0)
+        if self.blocks is not None:
+            check_blocks(self.blocks, n_layers)
+        check_int("--tokens", self.tokens, 1)
+        check_int("--seq-len", self.seq_len, 2)
+        check_int("--batch-size", self.batch_size, 1)
+        check_int("--latency-tokens", self.latency_tokens, 1)
+        self.heal.validate()
+
+
+def check_blocks(blocks: list[int], n_layers: int | None) -> None:
+    if not blocks:
+        raise DepthlabError("--blocks names no block; give 1-based block numbers, e.g. --blocks 2,3")
+    top = "" if n_layers is None else f" (the model has blocks 1..{n_layers})"
+    for b in blocks:
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1 or (n_layers is not None and b > n_layers):
+            raise DepthlabError(f"--blocks {b} is out of range: block numbers start at 1{top}")
+    if len(set(blocks)) != len(blocks):
+        raise DepthlabError(f"--blocks names a block twice: {','.join(map(str, blocks))}")
+    if n_layers is not None and len(blocks) >= n_layers:
+        raise DepthlabError(f"--blocks {','.join(map(str, blocks))} would remove all {n_layers} blocks; keep at least one")

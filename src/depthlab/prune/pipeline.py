@@ -34,28 +34,17 @@ from depthlab.prune.export import (
 )
 from depthlab.prune.heal import check_heal, heal
 from depthlab.prune.options import PruneOptions
-from depthlab.prune.select import Selection, Survey, check_blocks, check_method, select_blocks, survey_model
+from depthlab.prune.select import Selection, Survey, check_blocks, select_blocks, survey_model
 from depthlab.targets.layers import find_layers
 from depthlab.targets.target import Target
 
 log = logging.getLogger(__name__)
 
 
-def check_options(opts: PruneOptions, n_layers: int) -> None:
-    """Refuse a bad request before any computation (the CLI exits 2 with this one line)."""
-    given = [name for name in ("remove", "budget", "blocks") if getattr(opts, name) is not None]
-    if len(given) != 1:
-        raise DepthlabError("give exactly one of --remove N, --budget NATS, --blocks LIST")
-    check_method(opts.method)
-    if opts.remove is not None and not 1 <= opts.remove < n_layers:
-        raise DepthlabError(f"--remove {opts.remove} is out of range: the model has {n_layers} blocks, so remove "
-                            f"1..{n_layers - 1}")
-    if opts.budget is not None and opts.budget < 0:
-        raise DepthlabError(f"--budget {opts.budget} must be >= 0 nats")
-    if opts.blocks is not None:
-        check_blocks(opts.blocks, n_layers)
-    if opts.tokens < 1 or opts.seq_len < 2 or opts.batch_size < 1:
-        raise DepthlabError("--tokens and --batch-size must be positive and --seq-len at least 2")
+def check_options(opts: PruneOptions, n_layers: int | None = None) -> None:
+    """Refuse a bad request before any computation (the CLI exits 2 with this one line): what needs no model
+    when ``n_layers`` is None (before loading it), then the block ranges once the model is loaded."""
+    opts.validate(n_layers)
     check_heal(opts.heal)
 
 
@@ -124,8 +113,14 @@ def _check_out(out: Path) -> None:
 
 def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: str | None = None) -> dict[str, Any]:
     """Prune ``target`` as ``opts`` says and write the HF checkpoint, ``prune.json`` and ``report.html``
-    into ``out`` (plus ``out/run``, a depthlab run directory, for depthlab models). Returns the report."""
+    into ``out`` (plus ``out/run``, a depthlab run directory, for depthlab models). Returns the report.
+
+    ``out`` appears whole or not at all: everything is written into a hidden sibling that is renamed to ``out``
+    once the export is verified and the report written (:func:`depthlab.store.atomic.publish_dir`), so a crash
+    or ``kill -9`` never leaves a loadable, unverified half-checkpoint, and a rerun starts afresh."""
+    from depthlab.hf.loading import third_party_output
     from depthlab.prune.report import write_report
+    from depthlab.store.atomic import publish_dir
 
     t0 = time.time()
     out = Path(out)
@@ -149,36 +144,39 @@ def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: s
         healed, heal_info = heal(pruned, target.tokenizer, opts.heal)  # in place: its survey is taken
     final = healed if healed is not None else pruned
     final_hf = hf_model_of(final)
-    write_hf(final_hf, out, target.tokenizer, {"pruned_from": str(target.name), "removed_blocks": sel.removed,
-                                               "method": sel.method, "healed_steps": opts.heal.steps})
-    check = verify_export(out, final_hf, ids)
-    report = {
-        "model": {k: v for k, v in target.info.items() if k != "config"},
-        "method": sel.method, "removed_blocks": sel.removed,
-        "numbering": "1-based block numbers of the model given to prune (block l reads x^l; 1 = first block)",
-        "kept_blocks": [l for l in range(1, L + 1) if l not in sel.removed],
-        "removed_depths": _original_depths(target.model, sel.removed),
-        "n_layers": {"original": L, "pruned": L - len(sel.removed)},
-        "selection": {"remove": opts.remove, "budget": opts.budget, "blocks": opts.blocks,
-                      "joint_loss": sel.loss, **sel.details},
-        "data": {"spec": opts.data, "split": "val", "tokens": before.tokens, "seq_len": batches.seq_len},
-        "loss": {"original": before.loss, "pruned": after["loss"], "healed": None},
-        "ppl": {"original": perplexity(before.loss), "pruned": after["ppl"], "healed": None},
-        "angular": {"original": before.angular, "pruned": after["angular"]},
-        "export": {**check, "dir": str(out), "max_abs_logit_diff_vs_skipping_in_original": skip_diff},
-        "cost": {"original": cost(original_hf, batches.seq_len), "pruned": cost(final_hf, batches.seq_len)},
-        "options": {**asdict(opts), "heal": asdict(opts.heal)},
-        "command": command,
-    }
-    if healed is not None:
-        h = _survey(healed, batches)
-        report["loss"]["healed"], report["ppl"]["healed"] = h["loss"], h["ppl"]
-        report["angular"]["healed"] = h["angular"]
-        report["heal"] = heal_info
-    report["latency"] = _latency(original_hf, final_hf, ids, opts.latency_tokens)
-    report["run_dir"] = _maybe_run_dir(target, final, out, report)
-    report["seconds"] = round(time.time() - t0, 2)
-    write_report(report, out)
+    with publish_dir(out) as tmp:
+        with third_party_output(None if opts.progress else False):  # transformers' bars: on a terminal only
+            write_hf(final_hf, tmp, target.tokenizer, {"pruned_from": str(target.name),
+                                                       "removed_blocks": sel.removed, "method": sel.method,
+                                                       "healed_steps": opts.heal.steps})
+            check = verify_export(tmp, final_hf, ids)
+        report = {
+            "model": {k: v for k, v in target.info.items() if k != "config"},
+            "method": sel.method, "removed_blocks": sel.removed,
+            "numbering": "1-based block numbers of the model given to prune (block l reads x^l; 1 = first block)",
+            "kept_blocks": [l for l in range(1, L + 1) if l not in sel.removed],
+            "removed_depths": _original_depths(target.model, sel.removed),
+            "n_layers": {"original": L, "pruned": L - len(sel.removed)},
+            "selection": {"remove": opts.remove, "budget": opts.budget, "blocks": opts.blocks,
+                          "joint_loss": sel.loss, **sel.details},
+            "data": {"spec": opts.data, "split": "val", "tokens": before.tokens, "seq_len": batches.seq_len},
+            "loss": {"original": before.loss, "pruned": after["loss"], "healed": None},
+            "ppl": {"original": perplexity(before.loss), "pruned": after["ppl"], "healed": None},
+            "angular": {"original": before.angular, "pruned": after["angular"]},
+            "export": {**check, "dir": str(out), "max_abs_logit_diff_vs_skipping_in_original": skip_diff},
+            "cost": {"original": cost(original_hf, batches.seq_len), "pruned": cost(final_hf, batches.seq_len)},
+            "options": {**asdict(opts), "heal": asdict(opts.heal)},
+            "command": command,
+        }
+        if healed is not None:
+            h = _survey(healed, batches)
+            report["loss"]["healed"], report["ppl"]["healed"] = h["loss"], h["ppl"]
+            report["angular"]["healed"] = h["angular"]
+            report["heal"] = heal_info
+        report["latency"] = _latency(original_hf, final_hf, ids, opts.latency_tokens)
+        report["run_dir"] = str(out / "run") if _maybe_run_dir(target, final, tmp, report) else None
+        report["seconds"] = round(time.time() - t0, 2)
+        write_report(report, tmp)
     return report
 
 

@@ -109,5 +109,5 @@ def write_report(report: dict[str, Any], out: str | Path) -> Path:
     figs = _figures(data, out)
     path = out / "report.html"
     path.write_text(render_html(data, figs))
-    log.info("wrote %s", path)
+    log.debug("wrote %s", path)
     return path

@@ -45,6 +45,7 @@ from depthlab.diagnostics.removal import joint_removal_loss, nll_sum
 from depthlab.errors import DepthlabError, choices
 from depthlab.model import IGNORE_INDEX
 from depthlab.prune.options import METHODS
+from depthlab.prune.options import check_blocks as _check_blocks
 
 log = logging.getLogger(__name__)
 
@@ -202,14 +203,8 @@ class Selection:
 
 
 def check_blocks(blocks: Sequence[int], n_layers: int) -> list[int]:
-    """The user's ``--blocks``: each in 1..L, no repeats, at least one block kept."""
-    bad = [b for b in blocks if not 1 <= b <= n_layers]
-    if bad:
-        raise DepthlabError(f"--blocks {bad[0]} is out of range: the model has blocks 1..{n_layers}")
-    if len(set(blocks)) != len(blocks):
-        raise DepthlabError(f"--blocks names a block twice: {list(blocks)}")
-    if len(blocks) >= n_layers:
-        raise DepthlabError(f"--blocks would remove all {n_layers} blocks; keep at least one")
+    """The user's ``--blocks``, sorted: each in 1..L, no repeats, at least one block kept."""
+    _check_blocks(list(blocks), n_layers)
     return sorted(blocks)
 
 

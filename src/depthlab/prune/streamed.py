@@ -27,7 +27,7 @@ import torch
 from depthlab.diagnostics.angular import AngularAccumulator
 from depthlab.diagnostics.removal import nll_sum
 from depthlab.diagnostics.streamed import MEMORY_FRACTION, Stream, SweepBatch, Sweeper, SweepSettings, available_memory
-from depthlab.diagnostics.streamed_runner import STATE_DIR, LossConsumer, joint_loss
+from depthlab.diagnostics.streamed_runner import LossConsumer, joint_loss, state_dir
 from depthlab.errors import DepthlabError
 from depthlab.metrics import perplexity
 from depthlab.prune.options import PruneOptions
@@ -136,7 +136,7 @@ def streamed_cost(target: StreamTarget, seq_len: int) -> dict[str, int]:
 
 
 def _check(target: StreamTarget, opts: PruneOptions, out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(p.name != STATE_DIR for p in out.iterdir())):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
     if target.kind != "hf-causal-lm":
         raise DepthlabError("streamed pruning writes HF checkpoints from HF safetensors directories; prune a depthlab "
@@ -164,28 +164,42 @@ def choose_streamed(measure: StreamedMeasure, opts: PruneOptions) -> tuple[Surve
 def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, command: str | None = None,
                    settings: SweepSettings | None = None, plan: Any = None) -> dict[str, Any]:
     """Prune ``target`` as ``opts`` says, reading it one layer at a time; write the HF checkpoint, ``prune.json``
-    and ``report.html`` into ``out``. Returns the report (:func:`depthlab.prune.prune_target`'s shape)."""
+    and ``report.html`` into ``out``, whole or not at all (a hidden sibling renamed once verified and reported;
+    the sweeps' resume state lives beside it). Returns the report (:func:`depthlab.prune.prune_target`'s shape)."""
     from depthlab.diagnostics.streamed import clear_state
     from depthlab.prune.report import write_report
+    from depthlab.store.atomic import publish_dir
 
     t0, out = time.time(), Path(out)
     _check(target, opts, out)
     settings = settings or SweepSettings(progress=opts.progress)
-    settings.state_dir = settings.state_dir or out / STATE_DIR
+    settings.state_dir = settings.state_dir or state_dir(out)
     batches = held_out_batches(target, opts)
     measure = StreamedMeasure(target, [SweepBatch(x, y) for x, y in batches], settings)
     if not measure.text:
         raise DepthlabError("the held-out data gave no tokens to evaluate")
     before, sel = choose_streamed(measure, opts)
+    with publish_dir(out) as tmp:
+        written = write_pruned_shards(target.path, sel.removed, tmp, {"pruned_from": str(target.name),
+                                      "removed_blocks": sel.removed, "method": sel.method, "healed_steps": 0},
+                                      target.tokenizer)
+        pruned = open_layerwise(str(tmp), target.device, target.source.dtype, target.source.compute_dtype)
+        after_measure = StreamedMeasure(pruned, measure.text, settings)
+        after = after_measure.survey("survey-pruned")
+        check = verify_streamed(measure, after_measure, measure.text[0].ids[:2, :64], sel.removed, tmp)
+        report = _report(target, pruned, opts, sel, before, after, batches, measure, after_measure, plan)
+        report.update(export={**check, "dir": str(out), "written": written}, command=command,
+                      seconds=round(time.time() - t0, 2))
+        write_report(report, tmp)
+    clear_state(settings.state_dir)
+    return report
+
+
+def _report(target: StreamTarget, pruned: StreamTarget, opts: PruneOptions, sel: Any, before: Any, after: Any,
+            batches: Any, measure: StreamedMeasure, after_measure: StreamedMeasure, plan: Any) -> dict[str, Any]:
+    """prune.json's sections the streamed path fills (the shape :func:`depthlab.prune.prune_target` writes)."""
     L = measure.n_layers
-    written = write_pruned_shards(target.path, sel.removed, out, {"pruned_from": str(target.name),
-                                  "removed_blocks": sel.removed, "method": sel.method, "healed_steps": 0},
-                                  target.tokenizer)
-    pruned = open_layerwise(str(out), target.device, target.source.dtype, target.source.compute_dtype)
-    after_measure = StreamedMeasure(pruned, measure.text, settings)
-    after = after_measure.survey("survey-pruned")
-    check = verify_streamed(measure, after_measure, measure.text[0].ids[:2, :64], sel.removed, out)
-    report = {
+    return {
         "model": {k: v for k, v in target.info.items() if k != "config"},
         "method": sel.method, "removed_blocks": sel.removed,
         "numbering": "1-based block numbers of the model given to prune (block l reads x^l; 1 = first block)",
@@ -197,16 +211,11 @@ def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, co
         "loss": {"original": before.loss, "pruned": after.loss, "healed": None},
         "ppl": {"original": perplexity(before.loss), "pruned": perplexity(after.loss), "healed": None},
         "angular": {"original": before.angular, "pruned": after.angular},
-        "export": {**check, "dir": str(out), "written": written},
         "cost": {"original": streamed_cost(target, batches.seq_len), "pruned": streamed_cost(pruned, batches.seq_len)},
-        "options": {**asdict(opts), "heal": asdict(opts.heal)}, "command": command,
+        "options": {**asdict(opts), "heal": asdict(opts.heal)},
         "latency": None, "run_dir": None,
         "engine": _engine(measure, after_measure, plan),
     }
-    report["seconds"] = round(time.time() - t0, 2)
-    write_report(report, out)
-    clear_state(settings.state_dir)
-    return report
 
 
 def verify_streamed(original: StreamedMeasure, pruned: StreamedMeasure, ids: torch.Tensor, removed: list[int],

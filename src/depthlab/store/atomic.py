@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from depthlab.errors import DepthlabError, first_line
+from depthlab.errors import DepthlabError, is_disk_full, os_error_line
 
 TMP_MARK = ".tmp-"
 
@@ -66,9 +66,12 @@ def publish_dir(out: str | Path) -> Iterator[Path]:
         if out.exists():
             out.rmdir()  # the caller's empty directory (e.g. locked by the CLI): replaced by the complete one
         os.rename(tmp, out)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DepthlabError(f"cannot write {str(out)!r}: {first_line(err)}") from None
+    except Exception as err:  # noqa: BLE001 - a full disk, however a library words it, becomes one line
+        full = not isinstance(err, DepthlabError) and is_disk_full(err, tmp)
+        shutil.rmtree(tmp, ignore_errors=True)  # removing writes nothing: works on a full disk too
+        if full or isinstance(err, OSError):
+            raise DepthlabError(os_error_line(err, out, full)) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from depthlab.errors import DepthlabError, first_line
+from depthlab.errors import DepthlabError, first_line, is_disk_full, os_error_line
 from depthlab.fileio import sha256_file
 
 log = logging.getLogger(__name__)
@@ -99,9 +99,12 @@ def save_checkpoint(run_dir: str | Path, step: int, model_sd: dict[str, torch.Te
         raise DepthlabError(f"cannot write checkpoint step {step} in {str(root)!r}: {first_line(err)}") from None
     try:
         final = _write_and_publish(root, tmp, step, model_sd, optim_sd, trainer_state, config)
-    except OSError as err:  # disk full, permissions: the earlier checkpoints stay as they were
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DepthlabError(f"cannot write checkpoint step {step} in {str(root)!r}: {first_line(err)}") from None
+    except Exception as err:  # noqa: BLE001 - disk full (however torch / safetensors word it), permissions
+        full = is_disk_full(err, tmp)
+        shutil.rmtree(tmp, ignore_errors=True)  # the earlier checkpoints stay as they were
+        if not (full or isinstance(err, OSError)):
+            raise
+        raise DepthlabError(f"cannot write checkpoint step {step}: {os_error_line(err, root, full)}") from None
     for stale in list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(stale, ignore_errors=True)
     return final

@@ -51,6 +51,23 @@ class RunLock:
         self.fd = fd
         return self
 
+    def try_acquire_quietly(self) -> bool:
+        """Take the lock if nobody holds it, writing nothing (no PID: a clean-up on a full disk must not write);
+        False when another process holds it. A missing ``.lock`` counts as free."""
+        if fcntl is None or not self.path.exists():
+            return True
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
     def release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)  # closing releases the flock; the file stays (harmless)

@@ -19,13 +19,9 @@ masks, rotary tables and the head.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import logging
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +30,8 @@ from torch import nn
 
 from depthlab.errors import DepthlabError, first_line
 from depthlab.extras import needs
+from depthlab.hf.loading import third_party_output
+from depthlab.schemes import BASELINE_SCHEME
 from depthlab.targets.layers import find_layers
 from depthlab.targets.target import Target
 
@@ -90,33 +88,18 @@ def _hf_info(model: nn.Module, source: str) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def third_party_output(show: bool | None = None) -> Iterator[None]:
-    """Loading bars of transformers and its GGUF reader: shown only on a terminal (``show=None``) or when
-    asked; otherwise off and their stderr swallowed, so a piped log or a one-line error stays clean
-    (depthlab's own stages log their progress). Errors still surface as exceptions."""
-    if show is None:
-        show = sys.stderr.isatty()
-    if show:
-        yield
-        return
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):
-        yield
-
-
 def _causal_from_pretrained(path: str, dtype: torch.dtype, show: bool | None, **kwargs: Any) -> nn.Module:
     from depthlab.hf.lns import load as load_lns  # restores LNS recorded in config.json
 
+    where = str(Path(path) / kwargs["gguf_file"]) if kwargs.get("gguf_file") else path
     try:
         with third_party_output(show):
             return load_lns(path, dtype=dtype, **kwargs)
     except DepthlabError:
         raise
-    except Exception as err:  # noqa: BLE001 - OSError, ValueError (unsupported config), ...
-        raise DepthlabError(f"cannot load a Hugging Face causal LM from {path!r}: {first_line(err)[:300]}") from None
+    except Exception as err:  # noqa: BLE001 - OSError, ValueError (unsupported config), struct.error (cut GGUF), ...
+        kind = "a GGUF file (truncated or not GGUF?)" if kwargs.get("gguf_file") else "a Hugging Face causal LM"
+        raise DepthlabError(f"cannot load {where!r} as {kind}: {first_line(err)[:300]}") from None
 
 
 def _encoder(path: str, dtype: torch.dtype, show: bool | None) -> nn.Module:
@@ -146,15 +129,19 @@ def _is_run_path(path: Path) -> bool:
 
 # ---------------------------------------------------------------------- loading
 def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                scheme: str = "pre", progress: bool | None = None) -> Target:
-    """Load what ``name`` designates (see the module docstring) on ``device`` in ``dtype``. ``progress``:
-    third-party loading bars (None: only on a terminal)."""
+                scheme: str | None = None, progress: bool | None = None) -> Target:
+    """Load what ``name`` designates (see the module docstring) on ``device`` in ``dtype``. ``scheme``: that of a
+    ``preset:NAME`` target (default: the baseline); any other target has its own, so a scheme given for one is
+    refused rather than ignored. ``progress``: third-party loading bars (None: only on a terminal)."""
+    if scheme is not None and not name.startswith("preset:"):
+        raise DepthlabError(f"--scheme {scheme} applies to preset:NAME targets only; {name!r} is loaded with the "
+                            "scheme it was trained or converted with (drop --scheme)")
     device = torch.device(device)
     path = Path(name).expanduser()
     if name in SHORT_NAMES:
         target = _short(name, dtype, progress)
     elif name.startswith("preset:"):
-        target = _preset(name, scheme)
+        target = _preset(name, scheme or BASELINE_SCHEME)
     elif path.exists():
         target = _local(path, name, dtype, progress)
     elif "/" in name and not name.startswith((".", "/", "~")) and name.count("/") == 1:

@@ -33,6 +33,12 @@ def load_run(path: str | Path, device: str | torch.device | None = None):
     """``(model, tokenizer, config_dict)`` from a run directory, its ``checkpoint/`` or one
     checkpoint. The model is rebuilt with the scheme its config names; weights whose recorded scheme
     differs from it are refused, never loaded into another architecture."""
+    return load_run_checkpoint(path, device)[:3]
+
+
+def load_run_checkpoint(path: str | Path, device: str | torch.device | None = None):
+    """:func:`load_run` plus the checkpoint directory used: ``(model, tokenizer, config_dict, checkpoint)``; in a
+    run directory the newest intact checkpoint (a damaged newer one is named in a warning and passed over)."""
     from depthlab.data.tokenizers import load_tokenizer
 
     ckpt, data = load_intact(path, with_optimizer=False)
@@ -54,7 +60,7 @@ def load_run(path: str | Path, device: str | torch.device | None = None):
             break
     if tokenizer is None and config.get("tokenizer") is not None:
         log.warning("no tokenizer/ found beside %s", ckpt)
-    return model, tokenizer, config
+    return model, tokenizer, config, ckpt
 
 
 def run_target(path: Path, name: str) -> Target:

@@ -7,17 +7,19 @@ length 256; global batch 512 sequences); the ``tiny`` preset gets CPU-sized defa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from depthlab.config import JsonConfig, ModelConfig
-from depthlab.errors import ConfigError, choices
+from depthlab.errors import ConfigError, check_int, choices
 from depthlab.presets import PAPER_DEFAULTS, TRAIN_DEFAULTS
 
 OPTIMIZERS = ("adam", "adamw")
 DTYPES = ("auto", "fp32", "bf16")
 DIST_MODES = ("none", "ddp", "fsdp")
 MAX_LR = 1e6  # larger learning rates overflow Adam's float32 arithmetic: refused as a typo
+MAX_SEED = 2**32 - 1  # seeds seed torch, numpy and Python: the range all of them take
 
 @dataclass
 class TrainConfig(JsonConfig):
@@ -105,21 +107,11 @@ class TrainConfig(JsonConfig):
         return int(round(w * (self.steps or 0))) if w < 1 else int(w)
 
     def validate(self, model_cfg: ModelConfig, world_size: int = 1) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {self.optimizer!r}; {choices(OPTIMIZERS)}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype {self.dtype!r}; {choices(DTYPES)}")
-        if self.dist not in DIST_MODES:
-            raise ConfigError(f"unknown dist mode {self.dist!r}; {choices(DIST_MODES)}")
+        self.check_given()
         for name in ("seq_len", "batch_size", "micro_batch_size", "steps", "eval_tokens", "eval_batch_size",
-                     "probe_batch_size", "log_every", "keep_last"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        for name in ("eval_every", "variance_every", "ckpt_every", "removal_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 0:
-                raise ConfigError(f"{name} must be a non-negative integer, got {v!r}")
+                     "eval_every", "variance_every", "ckpt_every", "lr"):
+            if getattr(self, name) is None:
+                raise ConfigError(f"{name} is not set (resolve the config first)")
         if self.seq_len > model_cfg.max_seq_len:
             raise ConfigError(
                 f"seq_len={self.seq_len} exceeds the model's max_seq_len={model_cfg.max_seq_len}; "
@@ -131,17 +123,45 @@ class TrainConfig(JsonConfig):
                 f"batch_size={self.batch_size} is not divisible by micro_batch_size={self.micro_batch_size}"
                 + (f" x world_size={world_size}" if world_size > 1 else "")
             )
-        if not (self.lr and 0 < self.lr <= MAX_LR):  # also refuses NaN and inf
-            raise ConfigError(f"lr must be positive and at most {MAX_LR:g}, got {self.lr!r}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
-        if self.warmup is not None and (self.warmup < 0 or self.warmup_steps > self.steps):
+        if self.warmup is not None and self.warmup_steps > self.steps:
             raise ConfigError(f"warmup={self.warmup!r} must be a fraction in [0, 1) or at most steps={self.steps}")
-        if self.grad_clip is not None and self.grad_clip <= 0:
+
+    def check_given(self) -> None:
+        """The checks that need no model and no defaults, on every field that is set: run before a model is
+        loaded or data is read (``finetune`` and ``compare`` call it first)."""
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {self.optimizer!r}; {choices(OPTIMIZERS)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}; {choices(DTYPES)}")
+        if self.dist not in DIST_MODES:
+            raise ConfigError(f"unknown dist mode {self.dist!r}; {choices(DIST_MODES)}")
+        for name in ("seq_len", "batch_size", "micro_batch_size", "steps", "eval_tokens", "eval_batch_size",
+                     "probe_batch_size", "log_every", "keep_last"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("eval_every", "variance_every", "ckpt_every", "removal_every"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise ConfigError(f"{name} must be a non-negative integer, got {v!r}")
+        if self.lr is not None and not (isinstance(self.lr, (int, float)) and 0 < self.lr <= MAX_LR):  # NaN too
+            raise ConfigError(f"lr must be positive and at most {MAX_LR:g}, got {self.lr!r}")
+        if not (isinstance(self.min_lr_ratio, (int, float)) and 0.0 <= self.min_lr_ratio <= 1.0):
+            raise ConfigError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
+        if self.warmup is not None and not (isinstance(self.warmup, (int, float)) and 0 <= self.warmup < math.inf):
+            raise ConfigError(f"warmup={self.warmup!r} must be a fraction in [0, 1) or a number of steps")
+        check_int("seed", self.seed, 0, MAX_SEED)
+        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and 0 < self.grad_clip < math.inf):
             raise ConfigError(f"grad_clip must be positive or None, got {self.grad_clip!r}")
         from depthlab.monitor.trackers import TrackerSpec  # torch-free
 
         TrackerSpec.of(self).require()  # a missing tracker package fails here, before anything is written
+        for name, low, high in (("weight_decay", 0.0, math.inf), ("beta1", 0.0, 1.0), ("beta2", 0.0, 1.0)):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and low <= v < high):
+                raise ConfigError(f"{name} must lie in [{low:g}, {high:g}), got {v!r}")
+        if not (isinstance(self.adam_eps, (int, float)) and 0 < self.adam_eps < math.inf):
+            raise ConfigError(f"adam_eps must be a positive finite number, got {self.adam_eps!r}")
 
     def accum_steps(self, world_size: int = 1) -> int:
         """Micro-steps per optimizer step on each rank (after ``resolve``)."""

@@ -73,11 +73,9 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
 
 
 def _from_run(path: Path) -> Source:
-    from depthlab.store.checkpoint import find_checkpoint
-    from depthlab.targets.runs import load_run
+    from depthlab.targets.runs import load_run_checkpoint
 
-    ckpt = find_checkpoint(path)
-    model, tok, config = load_run(ckpt)
+    model, tok, config, ckpt = load_run_checkpoint(path)  # the newest intact checkpoint, as resume and diagnose
     if tok is None:
         raise DepthlabError(f"{str(path)!r} has no tokenizer/ beside its checkpoints; training from it needs one")
     step = read_json_object(ckpt / "trainer_state.json") or {}

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from depthlab.data.images import TrainImages, load_run_images
+from depthlab.data.images import TrainImages, check_image_spec, load_run_images
 from depthlab.errors import DepthlabError
 from depthlab.presets import TRAIN_DEFAULTS
 from depthlab.train import distributed as D
@@ -36,6 +36,7 @@ def vit_train_config(train_cfg: TrainConfig, vit_cfg: Any, world_size: int = 1) 
     ``data="builtin"`` (the default) means the built-in *image* set for a ViT: scikit-learn's digits."""
     if train_cfg.data == "builtin":
         train_cfg = train_cfg.replace(data="digits")
+    check_image_spec(train_cfg.data)
     preset = TRAIN_DEFAULTS.get(vit_cfg.name, TRAIN_DEFAULTS["vit-tiny"])
     defaults = {**preset, "seq_len": vit_cfg.seq_len, "eval_tokens": 1}
     given = train_cfg.to_dict()

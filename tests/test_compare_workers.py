@@ -1,0 +1,84 @@
+"""compare --jobs: a worker that dies (kill -9) or fails stops only its own run; the others finish, one line names
+the dead run, and running the same compare again resumes it."""
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from test_compare import small_config
+
+from depthlab.compare import compare
+from depthlab.compare.parallel import run_in_parallel
+from depthlab.errors import DepthlabError
+
+
+def toy_work(cfg, scheme, seed, run_dir, command):
+    """A stand-in for train_and_diagnose: 'victim' waits to be killed, 'broken' fails, others finish."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "pid").write_text(str(os.getpid()))
+    if scheme == "victim":
+        time.sleep(600)
+    if scheme == "broken":
+        raise DepthlabError("this run's data is bad\nsecond line")
+    time.sleep(1.0)  # still running when the victim dies
+    (run_dir / "done").write_text("yes")
+    return f"{scheme}-seed{seed}"
+
+
+def test_a_killed_worker_stops_only_its_run_and_is_named_in_one_line(tmp_path):
+    todo = [(s, 0, tmp_path / s) for s in ("victim", "healthy", "broken", "late")]
+
+    def kill_the_victim():
+        pid_file = tmp_path / "victim" / "pid"
+        while not pid_file.is_file() or not pid_file.read_text():
+            time.sleep(0.01)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_victim, daemon=True)
+    killer.start()
+    with pytest.raises(DepthlabError) as err:
+        run_in_parallel(toy_work, SimpleNamespace(preset="vit-tiny"), todo, jobs=2, command=None)
+    killer.join(timeout=60)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("2 of 4 runs did not finish"), msg
+    assert "victim-seed0: its worker process was killed by SIGKILL" in msg
+    assert "broken-seed0: this run's data is bad" in msg
+    assert (tmp_path / "healthy" / "done").is_file() and (tmp_path / "late" / "done").is_file()  # the others went on
+
+
+def test_a_compare_whose_worker_was_killed_keeps_the_other_run_and_resumes(tmp_path):
+    base = small_config()
+    cfg = dataclasses.replace(base, jobs=2, train=base.train.replace(steps=12, ckpt_every=2, eval_every=6,
+                                                                     variance_every=6))
+    out = tmp_path / "cmp"
+    victim = out / "runs" / "pre-seed0"
+
+    def kill_pre_after_its_first_checkpoint():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            pid = (victim / ".lock").read_text().strip() if (victim / ".lock").is_file() else ""
+            if pid and list((victim / "checkpoint").glob("step-*")):
+                os.kill(int(pid), signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_pre_after_its_first_checkpoint, daemon=True)
+    killer.start()
+    with pytest.raises(DepthlabError, match=r"1 of 2 runs did not finish \(pre-seed0: its worker process was killed "
+                                            r"by SIGKILL\)"):
+        compare(cfg, out, quiet=True)
+    killer.join(timeout=60)
+    assert (out / "runs" / "lns-seed0" / "diagnostics" / "report.json").is_file()  # the healthy run finished
+    assert not (victim / "summary.json").exists() and list((victim / "checkpoint").glob("step-*"))
+
+    result = compare(cfg, out, quiet=True)  # the same command again: pre resumes from its checkpoint
+    assert [r["scheme"] for r in result["runs"]] == ["pre", "lns"]
+    newest = sorted((victim / "checkpoint").glob("step-*"))[-1]
+    assert "command_resume" in json.loads((newest / "config.json").read_text())  # resumed, not started over
+    assert Path(out / "summary.json").is_file()
