@@ -106,8 +106,15 @@ def test_other_settings_in_the_same_directory_are_refused(finished):
     out, _, _ = finished
     cfg = small_config()
     cfg.train = cfg.train.replace(steps=7)
-    with pytest.raises(ValueError, match="other settings"):
+    with pytest.raises(ValueError, match=r"other settings \(train\.steps: \d+ -> 7\)"):
         compare(cfg, out)
+
+
+def test_a_setting_added_since_at_its_automatic_default_does_not_block_resume():
+    saved = {"train": {"steps": 5}, "diagnose": {"tokens": 64}}
+    assert C._changed_settings(saved, {"train": {"steps": 5, "compile": None}, "diagnose": {"tokens": 64}}) == []
+    assert C._changed_settings(saved, {"train": {"steps": 5, "compile": True}, "diagnose": {"tokens": 64}}) == [
+        "train.compile: '<absent>' -> True"]
 
 
 def test_aggregate_reports_mean_and_spread_over_seeds():

@@ -128,6 +128,21 @@ def aggregate(rows: list[dict[str, Any]], schemes: list[str]) -> list[dict[str, 
     return table
 
 
+def _changed_settings(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    """``key: saved -> now`` for every setting that differs (dotted into sections), so the refusal to
+    resume names what to change back."""
+    changed = []
+    for key in sorted(set(saved) | set(now)):
+        if key not in saved and now[key] is None:
+            continue  # a setting added since, at its automatic default: the saved compare predates it
+        old, new = saved.get(key, "<absent>"), now.get(key, "<absent>")
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed += _changed_settings(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changed.append(f"{prefix}{key}: {old!r} -> {new!r}")
+    return changed
+
+
 def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, command: str | None = None,
             on_run: Callable[[str, int, dict], None] | None = None) -> dict[str, Any]:
     """Train + diagnose every (scheme, seed) into ``out_dir`` and write the side-by-side report;
@@ -140,9 +155,10 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     saved_path = out / "compare.json"
     if saved_path.is_file():
         saved = json.loads(saved_path.read_text())
-        if saved.get("settings") != json.loads(json.dumps(settings)):
-            raise DepthlabError(f"{str(out)!r} holds a compare with other settings; give another --out "
-                                f"or the same settings to resume it")
+        changed = _changed_settings(saved.get("settings") or {}, json.loads(json.dumps(settings)))
+        if changed:
+            raise DepthlabError(f"{str(out)!r} holds a compare with other settings ({', '.join(changed)}); "
+                                f"give another --out or the same settings to resume it")
     elif out.exists() and any(p.name != ".lock" for p in out.iterdir()):  # .lock: the CLI's run lock
         raise DepthlabError(f"output directory {str(out)!r} exists and is not a compare; give a new --out")
     out.mkdir(parents=True, exist_ok=True)
