@@ -1,7 +1,7 @@
 """The layer-streamed engine: every live residual stream through one decoder layer at a time.
 
     target = open_layerwise("path/to/hf-dir")                          # depthlab.targets.layerwise
-    sweeper = Sweeper(target, SweepSettings(state_dir=out / ".stream-state"))
+    sweeper = Sweeper(target, SweepSettings(state_dir=state_dir(out))   # .<out>.stream-state)
     sweeper.sweep("diagnose", batches, [Stream("base"), *removal_streams(L)], keep_states=True, consumer=c)
 
 **Streams.** A stream is the residual stream of the model with a set of blocks skipped (``Stream.skip``);

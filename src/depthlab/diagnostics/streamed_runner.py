@@ -44,7 +44,6 @@ from depthlab.targets.layerwise import StreamTarget, locate, stored_bytes
 
 log = logging.getLogger(__name__)
 
-#: Directory under ``--out`` holding a streamed sweep's resume state (removed once the results are written).
 def state_dir(out: str | Path) -> Path:
     """Where a streamed sweep writing to ``out`` keeps its resume state: a hidden sibling of ``out``
     (``out`` itself appears only once the report is complete)."""
