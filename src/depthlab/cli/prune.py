@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from depthlab.diagnostics import load_target
     from depthlab.diagnostics.streamed_runner import plan_engine
     from depthlab.errors import DepthlabError
-    from depthlab.prune import check_options, prune_target
+    from depthlab.prune import check_options, check_target, prune_target
 
     if not args.out:
         raise DepthlabError("give --out DIR for the pruned checkpoint")
@@ -77,18 +77,20 @@ def run(args: argparse.Namespace) -> int:
     check_options(opts)  # what needs no model (--heal lora without peft too); block ranges once it is loaded
     device, dtype = _device_dtype(args)
     plan = plan_engine(args.target, device, dtype, opts.stream)
-    print(f"prune on {device.type}: engine: {plan.line.replace('; block Jacobians are in-memory only: off', '')}",
-          flush=True)
     command = "depthlab prune " + " ".join(shlex.quote(a) for a in _argv(args))
     if plan.streamed:
         from depthlab.diagnostics.streamed_runner import compute_dtype
-        from depthlab.prune.streamed import prune_streamed
+        from depthlab.prune.streamed import check_stream_target, prune_streamed
         from depthlab.targets.layerwise import open_layerwise
 
         target = open_layerwise(args.target, device, dtype, compute_dtype(device, dtype))
+        check_stream_target(target, opts, out)
+        _say_plan(device, plan)
         report = prune_streamed(target, opts, out, command=command, plan=plan)
     else:
         target = load_target(args.target, device=device, dtype=dtype, progress=progress)
+        check_target(target, opts, out)
+        _say_plan(device, plan)
         report = prune_target(target, opts, out, command=command)
     exp = report["export"]
     print(report.get("summary") or "")
@@ -101,6 +103,12 @@ def run(args: argparse.Namespace) -> int:
     if report.get("run_dir"):
         print(f"depthlab run directory: {report['run_dir']} (depthlab diagnose / depthlab train --init-from accept it)")
     return 0
+
+
+def _say_plan(device, plan) -> None:
+    """The one-line plan on stdout, once every check has passed (a refusal stays the only line)."""
+    print(f"prune on {device.type}: engine: {plan.line.replace('; block Jacobians are in-memory only: off', '')}",
+          flush=True)
 
 
 def _argv(args: argparse.Namespace) -> list[str]:

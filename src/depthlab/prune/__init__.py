@@ -14,14 +14,14 @@ from depthlab._lazy import lazy_exports
 
 __all__ = [
     "HEAL_MODES", "METHODS", "PRUNABLE_MODEL_TYPES", "HealOptions", "PruneOptions", "Selection", "angular_block",
-    "check_options", "drop_layers", "greedy_removal", "heal", "lowest_influence", "prune_model", "prune_target",
+    "check_options", "check_target", "drop_layers", "greedy_removal", "heal", "lowest_influence", "prune_model", "prune_target",
     "select_blocks", "survey_model", "verify_export", "write_hf",
 ]
 
 __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("PRUNABLE_MODEL_TYPES", "drop_layers", "verify_export", "write_hf"), "depthlab.prune.export"),
     **dict.fromkeys(("HEAL_MODES", "HealOptions", "heal"), "depthlab.prune.heal"),
-    **dict.fromkeys(("PruneOptions", "check_options", "prune_model", "prune_target"), "depthlab.prune.pipeline"),
+    **dict.fromkeys(("PruneOptions", "check_options", "check_target", "prune_model", "prune_target"), "depthlab.prune.pipeline"),
     **dict.fromkeys((
         "METHODS", "Selection", "angular_block", "greedy_removal", "lowest_influence", "select_blocks",
         "survey_model"), "depthlab.prune.select"),

@@ -135,7 +135,8 @@ def streamed_cost(target: StreamTarget, seq_len: int) -> dict[str, int]:
             "n_layers": target.source.n_layers}
 
 
-def _check(target: StreamTarget, opts: PruneOptions, out: Path) -> None:
+def check_stream_target(target: StreamTarget, opts: PruneOptions, out: Path) -> None:
+    """:func:`depthlab.prune.pipeline.check_target` for a model read one layer at a time."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
     if target.kind != "hf-causal-lm":
@@ -171,7 +172,7 @@ def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, co
     from depthlab.store.atomic import publish_dir
 
     t0, out = time.time(), Path(out)
-    _check(target, opts, out)
+    check_stream_target(target, opts, out)
     settings = settings or SweepSettings(progress=opts.progress)
     settings.state_dir = settings.state_dir or state_dir(out)
     batches = held_out_batches(target, opts)
