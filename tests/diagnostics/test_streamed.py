@@ -5,6 +5,7 @@ pairs, the held-out loss, the loss and Δloss with each block removed, the varia
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -100,6 +101,32 @@ def test_bf16_weights_are_computed_in_fp32_one_layer_at_a_time(tmp_path):
     rep = diagnose_streamed(streamed, opts)
     assert rep["engine"]["compute_dtype"] == "float32" and rep["model"]["dtype"] == "bfloat16"
     assert_same(diagnose(target, opts), rep)
+
+
+def test_bf16_in_memory_on_a_cpu_keeps_bf16_weights_and_gives_the_streamed_numbers(tmp_path):
+    """load_target(dtype=bf16) on a CPU: every weight stays bf16 (no fp32 copy of the model survives a forward),
+    each linear layer computes in fp32, so diagnose gives the streamed bf16 engine's numbers and the logits of the
+    fp32 model holding the same bf16-rounded weights; plain bf16 arithmetic would differ by bf16 rounding."""
+    from depthlab.diagnostics.streamed_runner import compute_dtype
+    from depthlab.prune.export import lm_logits
+
+    path = hf_dir(tmp_path, "llama", 3)
+    opts = DiagnoseOptions(**OPTS, joint_check=False)
+    bf16 = load_target(str(path), dtype=torch.bfloat16)
+    rounded = load_target(str(path))
+    with torch.no_grad():
+        for p in rounded.model.parameters():
+            p.copy_(p.bfloat16().float())
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got, want = lm_logits(bf16.model, ids), lm_logits(rounded.model, ids)
+    assert got.dtype == torch.float32 and float((got - want).abs().max()) <= TOL
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    with torch.no_grad():
+        plain = lm_logits(copy.deepcopy(rounded.model).to(torch.bfloat16), ids)  # bf16 arithmetic, no hooks
+    assert float((plain.float() - want).abs().max()) > 100 * TOL
+    streamed = open_layerwise(str(path), "cpu", torch.bfloat16, compute_dtype(torch.device("cpu"), torch.bfloat16))
+    assert_same(diagnose(bf16, opts), diagnose_streamed(streamed, opts))
 
 
 def test_memory_is_one_layer_plus_the_streams(tmp_path):

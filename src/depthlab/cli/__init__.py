@@ -54,11 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.INFO,
         format="%(message)s" if not args.verbose else "%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if not args.verbose:
+    if args.verbose:
+        logging.getLogger("depthlab").setLevel(logging.DEBUG)  # ours; matplotlib's font search stays at INFO
+    else:
         _quiet_third_parties()
     guard = None
     try:

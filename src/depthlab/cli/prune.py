@@ -47,7 +47,8 @@ def register(subparsers) -> None:
     p.add_argument("target", metavar="TARGET", help="run dir / checkpoint, HF dir, .gguf, hub id, smollm2")
     p.add_argument("--out", help="output directory (must not exist or be empty)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="weights while pruning (default fp32)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="weights while pruning (default fp32); "
+                   "bf16 on a CPU: bf16 weights, each layer computed in fp32")
     PRUNE.add_to(p)
     HEAL.add_to(p)
     add_config_flag(p)

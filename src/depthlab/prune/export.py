@@ -159,6 +159,10 @@ def verify_export(out: str | Path, reference: nn.Module, ids: torch.Tensor, new_
     dtype = next(reference.parameters()).dtype
     device = next(reference.parameters()).device
     loaded = AutoModelForCausalLM.from_pretrained(str(out), dtype=dtype, trust_remote_code=False).to(device).eval()
+    if device.type == "cpu" and dtype == torch.bfloat16:  # computed as load_target computes the reference
+        from depthlab.targets.upcast import upcast_while_computing
+
+        upcast_while_computing(loaded)
     ids = ids.to(device)
     ref = lm_logits(reference, ids)
     got = lm_logits(loaded, ids)

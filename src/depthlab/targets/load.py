@@ -153,6 +153,11 @@ def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
     target.model.to(device=device, dtype=dtype)
     target.model.eval()
     target.info.setdefault("dtype", str(dtype).replace("torch.", ""))
+    if device.type == "cpu" and dtype == torch.bfloat16:  # bf16 arithmetic is the slow path on a CPU
+        from depthlab.targets.upcast import upcast_while_computing
+
+        upcast_while_computing(target.model)
+        target.info["compute_dtype"] = "float32 (bf16 weights, each linear layer upcast while it computes)"
     target.info["device"] = str(device)
     find_layers(target.model)  # unsupported architectures fail here, before any data is read
     return target
