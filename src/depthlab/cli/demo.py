@@ -10,7 +10,7 @@ from depthlab.provenance import command_line
 
 #: Sized to finish within 2 minutes on 2 CPU cores (AMD EPYC or Intel), cold cache, tokenizer training, two
 #: runs and their diagnoses included (profiled and measured: README, "The demo"): 64 steps of 8 x 128 tokens
-#: (the training steps are 3/4 of the time), a depth probe every 8 steps, short held-out evaluations.
+#: (the training steps are two thirds of the time), a depth probe every 8 steps, short held-out evaluations.
 DEMO_STEPS = 64
 DEMO_BATCH = 8
 DEMO_EVAL_TOKENS = 4096

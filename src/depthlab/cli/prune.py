@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
     given = PRUNE.given(args)
-    progress = given.pop("progress", True) and sys.stderr.isatty()
+    progress = given.pop("progress", True)  # a bar on a terminal, ETA log lines otherwise (depthlab.progress)
     base = PruneOptions()
     heal = HealOptions(**{"data": given.get("data", base.data), "seq_len": given.get("seq_len", base.seq_len),
                           **HEAL.given(args), "progress": progress})
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         _say_plan(device, plan)
         report = prune_streamed(target, opts, out, command=command, plan=plan)
     else:
-        target = load_target(args.target, device=device, dtype=dtype, progress=progress)
+        target = load_target(args.target, device=device, dtype=dtype, progress=None if progress else False)
         check_target(target, opts, out)
         _say_plan(device, plan)
         report = prune_target(target, opts, out, command=command)

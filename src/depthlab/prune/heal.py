@@ -52,9 +52,8 @@ def _with_lora(model: nn.Module, rank: int) -> nn.Module:
 def heal(model: nn.Module, tokenizer: Any, opts: HealOptions) -> tuple[nn.Module, dict[str, Any]]:
     """Train ``model`` (a depthlab DecoderLM or an HF causal LM) for ``opts.steps`` steps on the train
     split of ``opts.data``. Returns the healed model (LoRA merged) and the loss curve."""
-    from tqdm.auto import tqdm
-
     from depthlab.data import load_sequences
+    from depthlab.progress import progress
 
     check_heal(opts)
     if tokenizer is None:
@@ -68,19 +67,10 @@ def heal(model: nn.Module, tokenizer: Any, opts: HealOptions) -> tuple[nn.Module
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / max(1, opts.warmup)))
     curve, t0 = [], time.perf_counter()
     net.train()
-    bar = tqdm(range(opts.steps), desc="healing", unit="step", disable=not opts.progress, leave=False,
-               dynamic_ncols=True)
-    for step in bar:
-        x, y = seqs.rank_batch(step, opts.batch_size)
-        logits = lm_logits(net, x.to(device))
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), ignore_index=IGNORE_INDEX)
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optim.step()
-        sched.step()
-        curve.append(float(loss.detach()))
-        bar.set_postfix(loss=f"{curve[-1]:.3f}")
+    with progress(opts.steps, "healing", "step", opts.progress) as bar:  # a bar on a terminal, else ETA lines
+        for step in range(opts.steps):
+            curve.append(_heal_step(net, params, optim, sched, seqs.rank_batch(step, opts.batch_size), device))
+            bar.update(1)
     net.eval()
     if opts.mode == "lora":
         net = net.merge_and_unload()
@@ -89,3 +79,16 @@ def heal(model: nn.Module, tokenizer: Any, opts: HealOptions) -> tuple[nn.Module
              curve[0] if curve else float("nan"), curve[-1] if curve else float("nan"))
     return net, {"steps": opts.steps, "mode": opts.mode, "lr": opts.lr, "batch_size": opts.batch_size,
                  "seq_len": opts.seq_len, "data": opts.data, "train_loss": curve, "seconds": round(wall, 2)}
+
+
+def _heal_step(net, params, optim, sched, batch, device) -> float:
+    """One healing step on ``batch`` (x, y); its loss."""
+    x, y = batch
+    logits = lm_logits(net, x.to(device))
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), ignore_index=IGNORE_INDEX)
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optim.step()
+    sched.step()
+    return float(loss.detach())

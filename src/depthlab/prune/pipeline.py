@@ -56,9 +56,10 @@ def held_out_batches(target: Target, opts: PruneOptions):
 
 
 def _bar(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
+    """A bar on a terminal, ETA log lines otherwise (``depthlab.progress``)."""
+    from depthlab.progress import progress
 
-    return tqdm(total=total, desc=desc, unit="seq", disable=not enabled, leave=False, dynamic_ncols=True)
+    return progress(total, desc, "seq", enabled)
 
 
 def choose(target: Target, opts: PruneOptions, batches) -> tuple[Survey, Selection]:

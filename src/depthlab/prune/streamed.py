@@ -235,7 +235,9 @@ def verify_streamed(original: StreamedMeasure, pruned: StreamedMeasure, ids: tor
                              "generated_tokens": None, "generate_cache_matches_no_cache": None}
     need = stored_bytes(found, target.source.compute_dtype) if not isinstance(found, str) else None
     if need is None or (free is not None and need > MEMORY_FRACTION * free):
-        log.info("the pruned model (%s) does not fit in memory: checked layer by layer only", need)
+        size = "size unknown" if need is None else f"{need / 2**30:.1f} GiB in {str(target.source.compute_dtype)[6:]}"
+        log.info("the pruned model (%s) would not fit in memory: its export is checked layer by layer, without "
+                 "transformers' generate", size)
         return check
     check.update(_transformers_check(out, ids, ref, target.source.compute_dtype, target.device))
     return check
