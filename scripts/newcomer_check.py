@@ -8,7 +8,8 @@ README shows, at toy sizes; it stops at the first that fails and names it.
     python scripts/newcomer_check.py --list         # the commands found, and how each will run (or why not)
 
 Commands come from the README itself: ``bash`` blocks, backticked ``depthlab ...`` commands with arguments,
-and ``python`` blocks (unless a ``<!-- newcomer: skip REASON -->`` line stands right before the block).
+and ``python`` blocks (unless a ``<!-- newcomer: skip REASON -->`` line stands right before the block,
+bash or python).
 Toy sizes: the rewrites in :data:`TOY` (steps, tokens, presets); inputs a README names but does not make
 (``my.jsonl``, ``commonsense_170k.json``, ``arc_easy.jsonl``, an image folder) are written first by
 :func:`make_inputs`. Everything runs in one scratch directory, in README order, so a command can use what
@@ -96,7 +97,7 @@ def readme_steps(text: str) -> list[Step]:
         for cmd in _bash_commands(m.group(4)):
             if cmd not in seen and cmd != README_COMMAND_1 and "pytest" not in cmd:
                 seen.add(cmd)
-                steps.append(_step(line, cmd))
+                steps.append(Step(line, cmd, None, m.group(2)) if m.group(1) else _step(line, cmd))
     for m in re.finditer(r"`(depthlab [^`]+)`", text):
         cmd = " ".join(m.group(1).split())
         if cmd not in seen:
