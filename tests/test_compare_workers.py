@@ -5,6 +5,8 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -82,3 +84,38 @@ def test_a_compare_whose_worker_was_killed_keeps_the_other_run_and_resumes(tmp_p
     newest = sorted((victim / "checkpoint").glob("step-*"))[-1]
     assert "command_resume" in json.loads((newest / "config.json").read_text())  # resumed, not started over
     assert Path(out / "summary.json").is_file()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    return not (status.is_file() and status.read_text().split(")")[-1].split()[0] == "Z")  # a zombie is gone
+
+
+def test_workers_stop_when_the_compare_process_is_killed(tmp_path):
+    """kill -9 of the compare process: its workers notice within seconds and exit (no orphan keeps training)."""
+    script = (
+        "import sys; from pathlib import Path; from types import SimpleNamespace\n"
+        "from test_compare_workers import toy_work\n"
+        "from depthlab.compare.parallel import run_in_parallel\n"
+        f"root = Path({str(tmp_path)!r})\n"
+        "run_in_parallel(toy_work, SimpleNamespace(preset='vit-tiny'), [('victim', k, root / f'v{k}') for k in (0, 1)],"
+        " jobs=2, command=None)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env)
+    pid_files = [tmp_path / f"v{k}" / "pid" for k in (0, 1)]
+    deadline = time.monotonic() + 120
+    while not all(f.is_file() and f.read_text() for f in pid_files):
+        assert time.monotonic() < deadline and parent.poll() is None, "the workers did not start"
+        time.sleep(0.05)
+    workers = [int(f.read_text()) for f in pid_files]
+    assert all(_alive(pid) for pid in workers)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers), "a worker outlived its compare"

@@ -9,6 +9,8 @@ results land in the run directories, where the sequential pass of ``compare`` pi
 Each run has its own process (not a pool: one dead pool worker breaks the whole pool), so a worker that
 fails or is killed (``kill -9``, the OOM killer) stops only its own run; the others finish, and the
 compare then ends with one line naming the runs that did not. Run the same command again to resume them.
+A worker whose compare process is gone (killed, even with ``kill -9``) stops within seconds: no orphan keeps
+training into a directory nobody is watching.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,10 +44,26 @@ def _warm_tokenizer(cfg: Any) -> None:
         build_tokenizer(spec, iter_documents(t.data, "train", t.text_field), cache_dir=t.cache_dir)
 
 
-def _worker(conn: Any, threads: int, work: Callable[..., str], args: tuple) -> None:
+#: How often a worker checks that the compare that started it is still alive (seconds).
+PARENT_CHECK_S = 1.0
+
+
+def _exit_with(parent_pid: int) -> None:
+    """Stop this process once ``parent_pid`` is gone (the worker is then re-parented): a daemon thread."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)  # nothing to clean up: the run's checkpoints are atomic, and it resumes from them
+
+    threading.Thread(target=watch, name="depthlab-parent-watch", daemon=True).start()
+
+
+def _worker(conn: Any, threads: int, work: Callable[..., str], args: tuple, parent_pid: int | None = None) -> None:
     """One run in a fresh process; sends ("ok", name) or ("error", one line) back."""
     import torch
 
+    if parent_pid is not None:
+        _exit_with(parent_pid)
     torch.set_num_threads(threads)
     try:
         conn.send(("ok", work(*args)))
@@ -99,8 +119,8 @@ def run_in_parallel(work: Callable[..., str], cfg: Any, todo: list[tuple[str, in
             while pending and len(running) < jobs:
                 scheme, seed, run_dir = pending.pop(0)
                 parent, child = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_worker, args=(child, threads, work, (cfg, scheme, seed, run_dir, command)),
-                                   daemon=False)
+                run_args = (cfg, scheme, seed, run_dir, command)
+                proc = ctx.Process(target=_worker, args=(child, threads, work, run_args, os.getpid()), daemon=False)
                 proc.start()
                 child.close()
                 running[proc.sentinel] = (proc, parent, label(scheme, seed))
