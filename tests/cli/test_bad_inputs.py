@@ -215,6 +215,7 @@ CASES = [
     ("compare-twice", ["compare", "--schemes", "pre,pre", "--out", "{ws}/new"], "pre"),
     ("compare-seeds", ["compare", "--schemes", "pre", "--seeds", "x", "--out", "{ws}/new"], "x"),
     ("compare-out-is-file", ["compare", "--schemes", "pre", "--out", "{ws}/a_file"], "a_file"),
+    ("compare-out-is-a-run", ["compare", "--schemes", "pre,lns", "--out", "{ws}/run"], "not a compare"),  # no .lock left
     ("compare-set-scheme", ["compare", "--schemes", "pre", "--set", "scheme=lns", "--out", "{ws}/new"], "scheme"),
     ("compare-preset", ["compare", "--schemes", "pre", "--preset", "llama-1z", "--out", "{ws}/new"], "llama-1z"),
     ("compare-seeds-negative", ["compare", "--schemes", "pre", "--seeds=-1", "--out", "{ws}/new"], "--seeds -1"),

@@ -89,6 +89,7 @@ def run_and_print(cfg: CompareConfig, out: str, command: str) -> int:
     from pathlib import Path
 
     from depthlab.compare import compare, markdown_table
+    from depthlab.compare.run import check_compare_dir
     from depthlab.store.lock import RunLock
 
     def progress(scheme: str, seed: int, row: dict) -> None:
@@ -97,6 +98,7 @@ def run_and_print(cfg: CompareConfig, out: str, command: str) -> int:
                                            row["eval_loss"], metric)
 
     path = Path(out)
+    check_compare_dir(cfg, path)  # refused before the lock file is made in a directory that is not ours
     path.mkdir(parents=True, exist_ok=True)  # to lock it; the CLI removes it again if the compare fails at once
     with RunLock(path):  # one writer: a second compare on the same --out stops here, nothing touched
         result = compare(cfg, out, command=command, on_run=progress)

@@ -143,6 +143,21 @@ def _changed_settings(saved: dict[str, Any], now: dict[str, Any], prefix: str = 
     return changed
 
 
+def check_compare_dir(cfg: CompareConfig, out: str | Path) -> None:
+    """Refuse an ``out`` that holds something else than this compare (another compare, other files), before
+    anything is written there (the CLI calls it before it locks the directory)."""
+    out = Path(out)
+    saved_path = out / "compare.json"
+    if saved_path.is_file():
+        saved = json.loads(saved_path.read_text())
+        changed = _changed_settings(saved.get("settings") or {}, json.loads(json.dumps(cfg.to_dict())))
+        if changed:
+            raise DepthlabError(f"{str(out)!r} holds a compare with other settings ({', '.join(changed)}); "
+                                f"give another --out or the same settings to resume it")
+    elif out.exists() and any(p.name != ".lock" for p in out.iterdir()):  # .lock: the CLI's run lock
+        raise DepthlabError(f"output directory {str(out)!r} exists and is not a compare; give a new --out")
+
+
 def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, command: str | None = None,
             on_run: Callable[[str, int, dict], None] | None = None) -> dict[str, Any]:
     """Train + diagnose every (scheme, seed) into ``out_dir`` and write the side-by-side report;
@@ -153,14 +168,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     out = Path(out_dir)
     settings = cfg.to_dict()
     saved_path = out / "compare.json"
-    if saved_path.is_file():
-        saved = json.loads(saved_path.read_text())
-        changed = _changed_settings(saved.get("settings") or {}, json.loads(json.dumps(settings)))
-        if changed:
-            raise DepthlabError(f"{str(out)!r} holds a compare with other settings ({', '.join(changed)}); "
-                                f"give another --out or the same settings to resume it")
-    elif out.exists() and any(p.name != ".lock" for p in out.iterdir()):  # .lock: the CLI's run lock
-        raise DepthlabError(f"output directory {str(out)!r} exists and is not a compare; give a new --out")
+    check_compare_dir(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     saved_path.write_text(json.dumps({"settings": settings, "command": command}, indent=2) + "\n")
 

@@ -65,7 +65,8 @@ def _hf_tokenizer(path: str, **kwargs: Any):
     except DepthlabError:
         raise
     except Exception as err:  # noqa: BLE001 - any loader failure becomes one line
-        log.warning("no tokenizer for %s (%s); pass token data another way", path, first_line(err)[:120])
+        # debug, not a warning: a command that needs text says so in its one line when it gets there
+        log.debug("no tokenizer for %s (%s); pass token data another way", path, first_line(err)[:120])
         return None
 
 
