@@ -384,3 +384,12 @@ def test_init_from_falls_back_past_a_damaged_newest_checkpoint(ws, tmp_path, cap
     used = json.loads((out / "config.json").read_text())["init_from"]["checkpoint"]
     intact = sorted((src / "checkpoint").glob("step-*"))[-2]
     assert used == str(intact.resolve())
+
+
+def test_a_refused_compare_makes_no_lock_file_in_a_directory_that_is_not_its_own(tmp_path, capsys):
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("mine")
+    assert main(["compare", "--schemes", "pre,lns", "--out", str(foreign)]) == 2
+    assert "is not a compare" in capsys.readouterr().err
+    assert sorted(p.name for p in foreign.iterdir()) == ["todo.txt"]
