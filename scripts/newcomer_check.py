@@ -86,18 +86,21 @@ def _bash_commands(block: str) -> list[str]:
 def readme_steps(text: str) -> list[Step]:
     """Every command of the README, in order, with how it will run (or why it will not)."""
     steps, seen = [], set()
-    for m in re.finditer(r"(<!-- newcomer: skip ([^>]*)-->\n)?```(bash|python)\n(.*?)```", text, re.S):
+    marker = r"(<!-- newcomer: skip ([^>]*)-->\n|<!-- example:([\w-]+) -->\n)?"  # example blocks: tests/monitor
+    for m in re.finditer(marker + r"```(bash|python)\n(.*?)```", text, re.S):
         line = text[:m.start()].count("\n") + 1
-        if m.group(3) == "python":
-            code = m.group(4)
+        why = m.group(2) or (f"a part of examples/monitor_*.py ({m.group(3)}), which the tests run whole"
+                             if m.group(3) else "")
+        if m.group(4) == "python":
+            code = m.group(5)
             for pattern, repl in TOY:
                 code = re.sub(pattern, repl, code)
-            steps.append(Step(line, m.group(4), None if m.group(1) else code, m.group(2) or ""))
+            steps.append(Step(line, m.group(5), None if m.group(1) else code, why))
             continue
-        for cmd in _bash_commands(m.group(4)):
+        for cmd in _bash_commands(m.group(5)):
             if cmd not in seen and cmd != README_COMMAND_1 and "pytest" not in cmd:
                 seen.add(cmd)
-                steps.append(Step(line, cmd, None, m.group(2)) if m.group(1) else _step(line, cmd))
+                steps.append(Step(line, cmd, None, why) if m.group(1) else _step(line, cmd))
     for m in re.finditer(r"`(depthlab [^`]+)`", text):
         cmd = " ".join(m.group(1).split())
         if cmd not in seen:
