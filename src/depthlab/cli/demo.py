@@ -32,7 +32,7 @@ finished runs.
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="pre vs lns on the built-in corpus (tiny preset, CPU, about 2 minutes)",
+    p = subparsers.add_parser("demo", help="pre vs lns on the built-in corpus (tiny preset, CPU, under 2 minutes)",
                               description=__doc__ + "\n\n" + USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_compare_arguments(p)
     p.set_defaults(func=main, out="depthlab-demo", **{
