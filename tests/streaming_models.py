@@ -47,13 +47,7 @@ def tiny_hf(kind: str = "llama", n_layers: int = 4, hidden: int = 32, seed: int 
                                num_hidden_layers=n_layers, num_attention_heads=4, num_key_value_heads=2,
                                max_position_embeddings=256, **extra)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                p.normal_(0.0, 0.1)
+    model = jitter_norms(AutoModelForCausalLM.from_config(cfg).to(dtype).eval())
     if lns:
         from depthlab.hf import apply_layernorm_scaling
 
@@ -87,3 +81,15 @@ def smollm2_safetensors(path: Path) -> Path:
     model.save_pretrained(path)
     target.tokenizer.tok.save_pretrained(path)
     return path
+
+
+def jitter_norms(model):
+    """Norm weights drawn from U(0.5, 1.5) and biases from N(0, 0.1), in place (so a wrong scale placement
+    shows); returns the model."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    return model

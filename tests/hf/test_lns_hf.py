@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 transformers = pytest.importorskip("transformers")
+from streaming_models import jitter_norms  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from depthlab.hf.lns import (  # noqa: E402
@@ -40,14 +41,7 @@ def _config(model_type: str):
 def tiny(model_type: str = "llama", seed: int = 0) -> nn.Module:
     """A random HF model with non-trivial norm weights (so a wrong scale placement shows)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(model_type)).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                p.normal_(0.0, 0.1)
-    return model
+    return jitter_norms(AutoModelForCausalLM.from_config(_config(model_type)).float().eval())
 
 
 def tokens(seed: int = 1, batch: int = 2, length: int = 12) -> torch.Tensor:
