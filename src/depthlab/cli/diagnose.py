@@ -71,6 +71,11 @@ DIAGNOSE = Section("diagnose", DiagnoseOptions, choices={"split": SPLITS}, helps
     "jacobian": f"block Jacobians (default: on a GPU, or on a CPU for widths up to {CPU_JACOBIAN_MAX_WIDTH})"})
 
 
+#: --dtype of the commands that measure a loaded model (diagnose, evaluate).
+DTYPE_HELP = ("weights; auto: bf16 on GPU, fp32 on CPU; bf16 on a CPU: bf16 weights, each layer computed in fp32 "
+              "(faster there)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "diagnose", help="angular distance, layer removal, variance, block Jacobians of a model; HTML report",
@@ -79,8 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("target", metavar="TARGET", help="run dir / checkpoint, preset:NAME, HF dir, .gguf, hub id, smollm2, minilm")
     p.add_argument("--out", default=None, help="output directory (default reports/<target name>)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help="weights; auto: bf16 on GPU, fp32 on CPU; "
-                   "bf16 on a CPU: bf16 weights, each layer computed in fp32 (faster there)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help=DTYPE_HELP)
     p.add_argument("--scheme", default=None, help=f"scheme of a preset:NAME target (default {BASELINE_SCHEME}); other "
                    "targets keep the scheme they were trained with")
     DIAGNOSE.add_to(p)

@@ -6,6 +6,8 @@ import argparse
 import shlex
 import sys
 
+from depthlab.cli.diagnose import DTYPE_HELP
+
 USAGE = """\
 examples:
   depthlab evaluate runs/lns --tasks builtin-mc --out evals/lns
@@ -36,8 +38,7 @@ def register(subparsers) -> None:
     p.add_argument("--template", default="alpaca", help="SFT prompt template for --scoring generate (alpaca, llm-adapters)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="generated tokens for --scoring generate (default 32)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help="weights; auto: bf16 on GPU, fp32 on CPU; "
-                   "bf16 on a CPU: bf16 weights, each layer computed in fp32 (faster there)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help=DTYPE_HELP)
     p.add_argument("--scheme", default=None, help="scheme of a preset:NAME target (default pre); other targets keep "
                    "the scheme they were trained with")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

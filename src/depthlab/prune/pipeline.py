@@ -107,15 +107,17 @@ def _survey(model: nn.Module, batches) -> dict[str, Any]:
     return {"loss": s.loss, "ppl": perplexity(s.loss), "tokens": s.tokens, "angular": s.angular, "influence": s.influence}
 
 
-def check_target(target: Target, opts: PruneOptions, out: Path) -> None:
+def check_target(target: Target, opts: PruneOptions, out: Path) -> int:
     """Every refusal that needs the loaded model (an encoder, a scheme Llama cannot express, block ranges) and
-    a free ``out``, before any pass over data."""
+    a free ``out``, before any pass over data; returns the model's block count."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
     if not target.causal:
         raise DepthlabError(f"{target.name!r} is an encoder; depthlab prune needs a causal LM")
     check_prunable(target.model)
-    check_options(opts, len(find_layers(target.model)))
+    n_layers = len(find_layers(target.model))
+    check_options(opts, n_layers)
+    return n_layers
 
 
 def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: str | None = None) -> dict[str, Any]:
@@ -131,8 +133,7 @@ def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: s
 
     t0 = time.time()
     out = Path(out)
-    check_target(target, opts, out)
-    L = len(find_layers(target.model))
+    L = check_target(target, opts, out)
     batches = held_out_batches(target, opts)
     before, sel = choose(target, opts, batches)
     ids = _probe_ids(batches)
