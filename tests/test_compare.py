@@ -102,6 +102,29 @@ def test_resume_skips_finished_runs(finished, tmp_path, monkeypatch):
     assert lns_row["eval_loss"] == pytest.approx(next(r for r in result["table"] if r["scheme"] == "lns")["eval_loss"])
 
 
+def test_adding_a_seed_trains_only_the_new_runs(finished, tmp_path, monkeypatch):
+    out, result, _ = finished
+    import shutil
+
+    grown = tmp_path / "cmp"
+    shutil.copytree(out, grown)
+    calls = []
+    original = C.train
+    monkeypatch.setattr(C, "train", lambda model_cfg, *a, **k: calls.append(model_cfg.scheme) or original(model_cfg, *a, **k))
+    cfg = small_config()
+    cfg.seeds = [0, 1]
+    again = compare(cfg, grown, command="pytest")
+    assert sorted(calls) == ["lns", "pre"]  # seed 1 of each scheme; seed 0 reused
+    assert (grown / "runs" / "pre-seed1" / "diagnostics" / "report.json").is_file()
+    by_seed = {(r["scheme"], r["seed"]): r for r in again["runs"]}
+    for row in result["runs"]:
+        assert by_seed[(row["scheme"], 0)]["eval_loss"] == row["eval_loss"]
+    pre = next(r for r in again["table"] if r["scheme"] == "pre")
+    assert pre["seeds"] == [0, 1] and pre["eval_loss"] == pytest.approx(
+        (by_seed[("pre", 0)]["eval_loss"] + by_seed[("pre", 1)]["eval_loss"]) / 2)
+    assert json.loads((grown / "compare.json").read_text())["settings"]["seeds"] == [0, 1]
+
+
 def test_other_settings_in_the_same_directory_are_refused(finished):
     out, _, _ = finished
     cfg = small_config()

@@ -5,7 +5,8 @@
 
 Layout of the output directory::
 
-    compare.json              the resolved settings (provenance; a resumed compare must match them)
+    compare.json              the resolved settings (provenance; a resumed compare must match them, but for
+                              which schemes and seeds it holds)
     runs/<scheme>-seed<k>/    one training run each (config, metrics, checkpoint) + diagnostics/
     summary.json, summary.md  the table (paper Table 1/6/7 shape), per seed and aggregated
     *.png, report.html        figures and one self-contained page
@@ -143,14 +144,21 @@ def _changed_settings(saved: dict[str, Any], now: dict[str, Any], prefix: str = 
     return changed
 
 
+RUN_SET = ("schemes", "seeds")  # which runs a compare holds, not how each is trained
+
+
 def check_compare_dir(cfg: CompareConfig, out: str | Path) -> None:
-    """Refuse an ``out`` that holds something else than this compare (another compare, other files), before
-    anything is written there (the CLI calls it before it locks the directory)."""
+    """Refuse an ``out`` that holds something else than this compare (another compare, other settings, other
+    files), before anything is written there (the CLI calls it before it locks the directory). Other schemes
+    or seeds are not other settings: rerunning with ``--seeds 0,1`` where seed 0 ran trains seed 1 only."""
     out = Path(out)
     saved_path = out / "compare.json"
     if saved_path.is_file():
-        saved = json.loads(saved_path.read_text())
-        changed = _changed_settings(saved.get("settings") or {}, json.loads(json.dumps(cfg.to_dict())))
+        saved = dict(json.loads(saved_path.read_text()).get("settings") or {})
+        now = json.loads(json.dumps(cfg.to_dict()))
+        for key in RUN_SET:  # each run is the shared settings + its scheme + its seed: the set may grow or shrink
+            saved.pop(key, None), now.pop(key, None)
+        changed = _changed_settings(saved, now)
         if changed:
             raise DepthlabError(f"{str(out)!r} holds a compare with other settings ({', '.join(changed)}); "
                                 f"give another --out or the same settings to resume it")
@@ -163,7 +171,8 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     """Train + diagnose every (scheme, seed) into ``out_dir`` and write the side-by-side report;
     ``cfg.jobs`` runs at a time (``depthlab.compare.parallel``).
 
-    Reuses whatever a previous, interrupted call with the same settings finished."""
+    Reuses every run a previous call with the same settings finished (interrupted, or with fewer schemes
+    or seeds); the summary covers this call's schemes and seeds."""
     cfg.validate()
     out = Path(out_dir)
     settings = cfg.to_dict()
