@@ -3,6 +3,7 @@
     python benchmarks/streamed_8b.py --toy                  # tiny shapes, the same steps (about a minute)
     python benchmarks/streamed_8b.py --smollm2              # SmolLM2-135M: streamed vs in memory, one run
     python benchmarks/streamed_8b.py --compute-dtypes       # one 8B-shaped layer: bf16 compute vs fp32 upcast
+    python benchmarks/streamed_8b.py --rows                 # one SmolLM2 layer: time per token by rows per call
     nice -n 10 python benchmarks/streamed_8b.py             # the 8B run: ~16 GB written to --cache-dir, hours
 
 8B (and toy) mode:
@@ -22,6 +23,10 @@ Before writing anything it checks the free disk and memory and stops with one cl
 
 SmolLM2 mode: ``depthlab diagnose`` of SmolLM2-135M (as an HF safetensors directory) at its default token
 count, streamed and in memory, one child process each: the wall-time and peak-RSS ratios.
+
+Rows mode: one SmolLM2 decoder layer applied to 31 streams × 8 sequences × 256 tokens (what diagnose's
+removal sweep feeds it at the default token count) in calls of 256 to 63,488 token rows, interleaved rounds:
+the time per token row, which sets the engine's cap on rows per layer call on a CPU.
 
 Results: ``benchmarks/results/streamed_<mode>_cpu.json`` with the machine, versions and the exact command.
 """
@@ -343,12 +348,7 @@ def run_smollm2(args: argparse.Namespace) -> dict:
     cache = Path(args.cache_dir or Path.home() / ".cache" / "depthlab" / "bench" / "smollm2-safetensors")
     out = Path(args.out or Path.home() / ".cache" / "depthlab" / "bench" / "smollm2-runs")
     preflight(cache, out, {**SHAPES["toy"], "remove": 0}, "smollm2")
-    if not (cache / "complete.json").is_file():
-        sys.path.insert(0, str(ROOT / "tests"))
-        from streaming_models import smollm2_safetensors
-
-        smollm2_safetensors(cache)
-        (cache / "complete.json").write_text("{}\n")
+    _smollm2_dir(args)
     runs: dict[str, list[dict]] = {"streamed": [], "in_memory": []}
     for r in range(args.repeats):
         for engine, flag in (("streamed", "--stream"), ("in_memory", "--no-stream"))[:: 1 if r % 2 == 0 else -1]:
@@ -406,11 +406,52 @@ def run_compute_dtypes(args: argparse.Namespace) -> dict:
     return out
 
 
+def _smollm2_dir(args: argparse.Namespace) -> Path:
+    cache = Path(args.cache_dir or Path.home() / ".cache" / "depthlab" / "bench" / "smollm2-safetensors")
+    if not (cache / "complete.json").is_file():
+        sys.path.insert(0, str(ROOT / "tests"))
+        from streaming_models import smollm2_safetensors
+
+        smollm2_safetensors(cache)
+        (cache / "complete.json").write_text("{}\n")
+    return cache
+
+
+@torch.no_grad()
+def run_rows(args: argparse.Namespace, streams: int = 31, seqs: int = 8, seq_len: int = 256) -> dict:
+    """Seconds per token row of one SmolLM2 layer (the 4th) by token rows per call, interleaved rounds."""
+    from depthlab.diagnostics.streamed import CPU_ROWS_PER_CALL
+    from depthlab.targets.layerwise import open_layerwise
+
+    src = open_layerwise(str(_smollm2_dir(args))).source
+    call = src.layer_calls(seq_len)[3]
+    torch.manual_seed(0)
+    x = torch.randn(streams * seqs, seq_len, int(src.skeleton.config.hidden_size))
+    per_call = [1, 2, 4, 8, 16, 32, streams * seqs]  # sequences per call
+    times: dict[int, list[float]] = {k * seq_len: [] for k in per_call}
+    with src.layer(3) as layer:
+        call(layer, x[:1])  # warm-up
+        for _ in range(args.repeats + 1):
+            for k in per_call:
+                t0 = time.perf_counter()
+                for c in range(0, x.shape[0], k):
+                    call(layer, x[c:c + k])
+                times[k * seq_len].append((time.perf_counter() - t0) / (x.shape[0] * seq_len))
+    us = {rows: round(min(v) * 1e6, 2) for rows, v in times.items()}
+    best = min(us, key=us.get)
+    return {"layer": 4, "streams": streams, "sequences": seqs, "seq_len": seq_len,
+            "microseconds_per_token_row": us, "all_rounds_us": {r: [round(t * 1e6, 2) for t in v] for r, v in times.items()},
+            "fastest_rows_per_call": best, "engine_cpu_cap_rows": CPU_ROWS_PER_CALL,
+            "engine_cap_vs_fastest": round(us[min(us, key=lambda r: abs(r - CPU_ROWS_PER_CALL))] / us[best], 3),
+            "one_call_vs_fastest": round(us[streams * seqs * seq_len] / us[best], 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--toy", action="store_true", help="tiny shapes (the same steps, about a minute)")
     ap.add_argument("--smollm2", action="store_true", help="SmolLM2-135M: streamed vs in-memory diagnose")
     ap.add_argument("--compute-dtypes", action="store_true", help="one layer: bf16 compute vs fp32 upcast")
+    ap.add_argument("--rows", action="store_true", help="one SmolLM2 layer: time per token by rows per call")
     ap.add_argument("--tokens", type=int, default=None,
                     help="evaluation tokens (default 256, one sequence; --smollm2: diagnose's default for the device)")
     ap.add_argument("--repeats", type=int, default=1, help="timed repetitions (smollm2: interleaved rounds)")
@@ -418,13 +459,15 @@ def main() -> None:
     ap.add_argument("--out", help="where the runs write (default ~/.cache/depthlab/bench/...-runs)")
     ap.add_argument("--result", help="result JSON (default benchmarks/results/streamed_<mode>_cpu.json)")
     args = ap.parse_args()
-    if args.tokens is None and not args.smollm2:
+    if args.tokens is None and not (args.smollm2 or args.rows):
         args.tokens = 256
     load_before = list(os.getloadavg())
     if args.compute_dtypes:
         mode, result = ("bf16_vs_fp32" + ("_toy" if args.toy else "")), run_compute_dtypes(args)
     elif args.smollm2:
         mode, result = "smollm2", run_smollm2(args)
+    elif args.rows:
+        mode, result = "rows", run_rows(args)
     else:
         mode = "toy" if args.toy else "8b"
         result = run_big(mode, args)

@@ -18,7 +18,7 @@ from streaming_models import KINDS, hf_dir, save_hf, tiny_hf
 
 from depthlab.cli import main
 from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target
-from depthlab.diagnostics.streamed import SweepSettings
+from depthlab.diagnostics.streamed import CPU_ROWS_PER_CALL, Sweeper, SweepSettings
 from depthlab.diagnostics.streamed_runner import diagnose_streamed, state_dir
 from depthlab.targets.layerwise import open_layerwise
 
@@ -156,6 +156,19 @@ def test_memory_is_one_layer_plus_the_streams(tmp_path):
     assert grouped["engine"]["weight_passes"] == 3 and set(target.source.store.meter.reads.values()) == {3}
     assert grouped["engine"]["stream_bytes"] <= whole["engine"]["stream_bytes"] // 3
     assert_same(whole, grouped, tol=1e-12)
+
+
+def test_layer_calls_are_capped_on_a_cpu_and_their_size_does_not_change_the_numbers(tmp_path):
+    """The default rows per call is at most CPU_ROWS_PER_CALL on a CPU (big calls run out of cache); calls of one
+    sequence each (many calls per layer) give the same report as the default."""
+    path = save_hf(tiny_hf("llama", 6, hidden=64), tmp_path / "m")
+    opts = DiagnoseOptions(**{**OPTS, "tokens": 192}, joint_check=False)
+    target = open_layerwise(str(path))
+    assert 1 <= Sweeper(target)._budget()[1] <= CPU_ROWS_PER_CALL
+    default = diagnose_streamed(target, opts, settings=SweepSettings(progress=False))
+    one_seq = diagnose_streamed(open_layerwise(str(path)), opts,
+                                settings=SweepSettings(max_rows=opts.seq_len, progress=False))
+    assert_same(default, one_seq)
 
 
 _KILLED = """

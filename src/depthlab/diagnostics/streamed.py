@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 MEMORY_FRACTION = 0.7
 #: Activations of one layer call: at most this many bytes (and this fraction of the free memory).
 ACTIVATION_BYTES, ACTIVATION_FRACTION = 2 << 30, 0.1
+#: Token rows per layer call on a CPU. Calls of tens of thousands of rows run their element-wise work out of
+#: cache: 1.3-1.5x the time per row of calls of 2-4 thousand rows (benchmarks/streamed_8b.py --rows).
+CPU_ROWS_PER_CALL = 4096
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -274,6 +277,8 @@ class Sweeper:
         per_row = self.elem * (3 * d_ff + 8 * self.d_model) + 4 * int(self.target.info.get("n_heads") or 1) * 512
         act = ACTIVATION_BYTES if free is None else min(ACTIVATION_BYTES, int(ACTIVATION_FRACTION * free))
         rows = s.max_rows or max(1, act // per_row)
+        if not s.max_rows and self.target.device.type == "cpu":
+            rows = min(rows, CPU_ROWS_PER_CALL)
         if s.stream_budget is not None:
             return s.stream_budget, rows
         if free is None:
