@@ -8,7 +8,7 @@ from depthlab.cli._args import schemes_epilog
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.compare.config import CompareConfig, Downstream
 from depthlab.diagnostics.options import DiagnoseOptions
-from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, TrainConfig
+from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, WEIGHT_DTYPES, TrainConfig
 
 USAGE = """\
 examples:
@@ -35,7 +35,7 @@ COMPARE = Section("compare", CompareConfig, include=("schemes", "preset", "seeds
                          "preset": "model preset of every run (default tiny): an LM preset or vit-tiny / vit-s",
                          "seeds": "comma-separated seeds, one run per scheme and seed (default 0)"})
 TRAIN = Section("train", TrainConfig, exclude=("seed",), title="training (every run)",
-                choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES},
+                choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES, "weights": WEIGHT_DTYPES},
                 helps={"data": "training data (default builtin: the King James Bible; ViT presets: digits, or a folder "
                                "of class sub-folders, or hf:NAME)"})
 DIAGNOSE = Section("diagnose", DiagnoseOptions, prefix="diag-", exclude=("progress", "stream"), rename={"jacobian": "jacobian"},

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from depthlab.cli._options import Section, add_config_flag
-from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, TrainConfig
+from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, WEIGHT_DTYPES, TrainConfig
 
 USAGE = """\
 examples:
@@ -27,14 +27,19 @@ held out for the evaluation loss.
 Defaults (full fine-tuning; LLM-Adapters' LoRA recipe is lr 3e-4, 3 epochs, 100 warm-up steps,
 batch 16, cut-off 256): lr 1e-4 (3e-5 from 100M non-embedding parameters), 3 epochs of the training
 rows, warm-up 100 steps (at most 10%), batch 16, seq len 256 (at most the model's), one example per
-row, padded (--pack packs them). Outputs in --out as for `depthlab train`: config.json (with
+row, padded (--pack packs them). --dtype bf16 keeps the weights and Adam's moments in bf16 with no
+fp32 copy (half the memory; updates rounded stochastically; on a CPU each linear layer computes in fp32
+from its bf16 weight); --weights fp32 with it trains under bf16 autocast over fp32 weights instead.
+Outputs in --out as for `depthlab train`: config.json (with
 "finetune": source, data, template name + text), tokenizer/, metrics.jsonl, summary.json, checkpoint/.
 """
 
 #: The TrainConfig fields a fine-tuning run takes as flags (its tokenizer is the source's; SFT records, not text).
 TRAIN = Section("train", TrainConfig, exclude=("tokenizer", "val_data", "text_field", "streaming"),
-                choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES},
-                helps={"data": "builtin-sft | FILE.json | FILE.jsonl (Alpaca or chat records)",
+                choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES, "weights": WEIGHT_DTYPES},
+                helps={"dtype": "auto | fp32 | bf16: bf16 weights, no fp32 copy (see --weights) (default auto)",
+                       "weights": "fp32 | bf16 (default: bf16 with --dtype bf16, else fp32)",
+                       "data": "builtin-sft | FILE.json | FILE.jsonl (Alpaca or chat records)",
                        "pack": "pack examples into rows (default: one padded example per row)",
                        "steps": "optimizer steps (default: 3 epochs)",
                        "lr": "peak learning rate (default 1e-4; 3e-5 from 100M parameters)",
@@ -65,7 +70,8 @@ def _configs(args):
     if not args.resume:
         if not (args.source and args.out and given.get("data")):
             raise DepthlabError("give SOURCE, --data and --out (or --resume RUN_DIR)")
-        return args.source, TrainConfig(**{"pack": False, **given}), args.out, False, args.template or "alpaca"
+        bf16 = {"weights": "bf16"} if given.get("dtype") == "bf16" else {}  # bf16 weights, no fp32 copy
+        return args.source, TrainConfig(**{"pack": False, **bf16, **given}), args.out, False, args.template or "alpaca"
     if args.out and Path(args.out).resolve() != Path(args.resume).resolve():
         raise DepthlabError(f"--out {args.out!r} differs from --resume {args.resume!r}; give one run directory")
     saved = saved_config(Path(args.resume))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from depthlab.cli._args import model_flags, model_from_args, scheme_help, schemes_epilog
 from depthlab.cli._options import Section, add_config_flag
-from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, TrainConfig
+from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, WEIGHT_DTYPES, TrainConfig
 
 USAGE = """\
 examples:
@@ -28,7 +28,8 @@ layer_variance.png and loss.png.
 """
 
 #: Every TrainConfig field is a flag (``depthlab.cli._options``); its help is the field's comment.
-TRAIN = Section("train", TrainConfig, choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES})
+TRAIN = Section("train", TrainConfig,
+                choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES, "weights": WEIGHT_DTYPES})
 
 
 def register(subparsers) -> None:

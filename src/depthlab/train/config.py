@@ -17,6 +17,7 @@ from depthlab.presets import PAPER_DEFAULTS, TRAIN_DEFAULTS
 
 OPTIMIZERS = ("adam", "adamw")
 DTYPES = ("auto", "fp32", "bf16")
+WEIGHT_DTYPES = ("fp32", "bf16")
 DIST_MODES = ("none", "ddp", "fsdp")
 MAX_LR = 1e6  # larger learning rates overflow Adam's float32 arithmetic: refused as a typo
 MAX_SEED = 2**32 - 1  # seeds seed torch, numpy and Python: the range all of them take
@@ -50,6 +51,7 @@ class TrainConfig(JsonConfig):
     # ---- execution
     device: str | None = None  # cpu | cuda | cuda:N; None = cuda when available
     dtype: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 (autocast; weights stay fp32)
+    weights: str = "fp32"  # fp32 | bf16: weights and Adam moments in bf16, no fp32 copy; stochastic rounding
     compile: bool | None = None  # torch.compile the training forward + loss; None = auto: on a CPU for runs of 4M+ tokens
     dist: str = "none"  # none | ddp | fsdp (under torchrun)
     # ---- evaluation, metrics, checkpoints
@@ -135,6 +137,14 @@ class TrainConfig(JsonConfig):
             raise ConfigError(f"unknown dtype {self.dtype!r}; {choices(DTYPES)}")
         if self.dist not in DIST_MODES:
             raise ConfigError(f"unknown dist mode {self.dist!r}; {choices(DIST_MODES)}")
+        if self.weights not in WEIGHT_DTYPES:
+            raise ConfigError(f"unknown weights dtype {self.weights!r}; {choices(WEIGHT_DTYPES)}")
+        if self.weights == "bf16":
+            for name, value, ok in (("dtype", self.dtype, ("auto", "bf16")), ("dist", self.dist, ("none",)),
+                                    ("compile", self.compile, (None, False))):
+                if value not in ok:
+                    raise ConfigError(f"weights bf16 does not run with {name} {value!r}; give {name} "
+                                      f"{' or '.join(repr(v) for v in ok if v is not None)} or weights 'fp32'")
         for name in ("seq_len", "batch_size", "micro_batch_size", "steps", "eval_tokens", "eval_batch_size",
                      "probe_batch_size", "log_every", "keep_last"):
             v = getattr(self, name)

@@ -32,7 +32,7 @@ Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
 
 def uses_bf16(cfg: TrainConfig, device: torch.device) -> bool:
     """Whether the run's forward runs under bf16 autocast: ``cfg.dtype`` bf16, or auto on CUDA."""
-    return cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.type == "cuda")
+    return cfg.dtype == "bf16" or cfg.weights == "bf16" or (cfg.dtype == "auto" and device.type == "cuda")
 
 
 def autocast_for(cfg: TrainConfig, device: torch.device) -> Autocast:
@@ -44,6 +44,9 @@ def execution_plan(cfg: TrainConfig, device: torch.device, compile_auto: bool = 
     """How the steps run, for the run's one-line plan, e.g. ``cpu, fp32, eager (auto: 0.6M tokens), fused adam``
     (``compile_auto``: the compile choice was :func:`choose_compile`'s, not the user's)."""
     precision = "bf16 autocast (fp32 weights)" if uses_bf16(cfg, device) else "fp32"
+    if cfg.weights == "bf16":
+        precision = "bf16 weights, no fp32 copy" + (", linears upcast to fp32" if device.type == "cpu" else
+                                                    ", bf16 autocast") + ", stochastic rounding"
     fused = "fused " if device.type in FUSED_DEVICES else ""
     mode = "compiled" if cfg.compile else "eager"
     if compile_auto:
@@ -94,8 +97,8 @@ CPU_COMPILE_TOKENS = 4_000_000
 def choose_compile(cfg: TrainConfig, device: torch.device) -> bool:
     """``cfg.compile`` when set; auto (None): on a CPU with a C++ compiler (inductor needs one) for a run of at
     least :data:`CPU_COMPILE_TOKENS` tokens, else eager."""
-    if cfg.compile is not None:
-        return cfg.compile
+    if cfg.compile is not None or cfg.weights == "bf16":
+        return bool(cfg.compile)
     tokens = (cfg.steps or 0) * (cfg.batch_size or 0) * (cfg.seq_len or 0)
     has_cxx = any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
     return device.type == "cpu" and tokens >= CPU_COMPILE_TOKENS and has_cxx
