@@ -4,6 +4,7 @@
     python benchmarks/streamed_8b.py --smollm2              # SmolLM2-135M: streamed vs in memory, one run
     python benchmarks/streamed_8b.py --compute-dtypes       # one 8B-shaped layer: bf16 compute vs fp32 upcast
     python benchmarks/streamed_8b.py --rows                 # one SmolLM2 layer: time per token by rows per call
+    python benchmarks/streamed_8b.py --rows-ab --repeats 2  # SmolLM2 streamed sweep: the CPU row cap on vs off
     nice -n 10 python benchmarks/streamed_8b.py             # the 8B run: ~16 GB written to --cache-dir, hours
 
 8B (and toy) mode:
@@ -26,7 +27,9 @@ count, streamed and in memory, one child process each: the wall-time and peak-RS
 
 Rows mode: one SmolLM2 decoder layer applied to 31 streams × 8 sequences × 256 tokens (what diagnose's
 removal sweep feeds it at the default token count) in calls of 256 to 63,488 token rows, interleaved rounds:
-the time per token row, which sets the engine's cap on rows per layer call on a CPU.
+the time per token row, which sets the engine's cap on rows per layer call on a CPU. Rows-ab mode: the whole
+streamed diagnose of SmolLM2 at 2,048 tokens (in this process, no joint check), with the cap and without it
+(the activation budget alone, as before the cap), interleaved rounds: the sweep's seconds.
 
 Results: ``benchmarks/results/streamed_<mode>_cpu.json`` with the machine, versions and the exact command.
 """
@@ -446,12 +449,41 @@ def run_rows(args: argparse.Namespace, streams: int = 31, seqs: int = 8, seq_len
             "one_call_vs_fastest": round(us[streams * seqs * seq_len] / us[best], 3)}
 
 
+def run_rows_ab(args: argparse.Namespace) -> dict:
+    """The streamed diagnose of SmolLM2 at 2,048 tokens with the CPU row cap and without it, interleaved."""
+    from depthlab.diagnostics import DiagnoseOptions
+    from depthlab.diagnostics import streamed as engine
+    from depthlab.diagnostics.streamed_runner import diagnose_streamed
+    from depthlab.targets.layerwise import open_layerwise
+
+    path, cap = str(_smollm2_dir(args)), engine.CPU_ROWS_PER_CALL
+    opts = DiagnoseOptions(tokens=2048, jacobian=False, joint_check=False, progress=False)
+    out: dict[str, dict] = {"capped": {"seconds": []}, "uncapped": {"seconds": []}}
+    reports = {}
+    for r in range(args.repeats):
+        for name in ("capped", "uncapped")[:: 1 if r % 2 == 0 else -1]:
+            engine.CPU_ROWS_PER_CALL = cap if name == "capped" else 1 << 40
+            target = open_layerwise(path)
+            out[name]["rows_per_call"] = engine.Sweeper(target)._budget()[1]
+            t0 = time.perf_counter()
+            reports[name] = diagnose_streamed(target, opts)
+            out[name]["seconds"].append(round(time.perf_counter() - t0, 1))
+    engine.CPU_ROWS_PER_CALL = cap
+    a, b = reports["capped"], reports["uncapped"]
+    diff = max(abs(x - y) for x, y in zip(a["removal"]["delta_loss"] + a["angular"]["adjacent"],
+                                          b["removal"]["delta_loss"] + b["angular"]["adjacent"]))
+    best = {k: min(v["seconds"]) for k, v in out.items()}
+    return {"tokens": a["data"]["tokens"], **out, "capped_over_uncapped": round(best["capped"] / best["uncapped"], 3),
+            "max_abs_diff_delta_loss_and_adjacent_angular": diff}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--toy", action="store_true", help="tiny shapes (the same steps, about a minute)")
     ap.add_argument("--smollm2", action="store_true", help="SmolLM2-135M: streamed vs in-memory diagnose")
     ap.add_argument("--compute-dtypes", action="store_true", help="one layer: bf16 compute vs fp32 upcast")
     ap.add_argument("--rows", action="store_true", help="one SmolLM2 layer: time per token by rows per call")
+    ap.add_argument("--rows-ab", action="store_true", help="SmolLM2 streamed diagnose: the CPU row cap on vs off")
     ap.add_argument("--tokens", type=int, default=None,
                     help="evaluation tokens (default 256, one sequence; --smollm2: diagnose's default for the device)")
     ap.add_argument("--repeats", type=int, default=1, help="timed repetitions (smollm2: interleaved rounds)")
@@ -459,7 +491,7 @@ def main() -> None:
     ap.add_argument("--out", help="where the runs write (default ~/.cache/depthlab/bench/...-runs)")
     ap.add_argument("--result", help="result JSON (default benchmarks/results/streamed_<mode>_cpu.json)")
     args = ap.parse_args()
-    if args.tokens is None and not (args.smollm2 or args.rows):
+    if args.tokens is None and not (args.smollm2 or args.rows or args.rows_ab):
         args.tokens = 256
     load_before = list(os.getloadavg())
     if args.compute_dtypes:
@@ -468,6 +500,8 @@ def main() -> None:
         mode, result = "smollm2", run_smollm2(args)
     elif args.rows:
         mode, result = "rows", run_rows(args)
+    elif args.rows_ab:
+        mode, result = "rows_ab", run_rows_ab(args)
     else:
         mode = "toy" if args.toy else "8b"
         result = run_big(mode, args)

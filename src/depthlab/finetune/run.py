@@ -187,7 +187,8 @@ def finetune(source: str | Path, train_cfg: TrainConfig, out: str | Path, *, res
     if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"run directory {str(out)!r} already exists; pass --resume to continue it "
                             "or choose a new --out")
-    src = _resumed_source(out) if resume else load_source(source, "fine-tuning source")
+    dtype = torch.bfloat16 if train_cfg.weights == "bf16" else torch.float32  # bf16 weights: no fp32 copy
+    src = _resumed_source(out) if resume else load_source(source, "fine-tuning source", dtype)
     cfg = sft_config(train_cfg, src.model_cfg, src.tokenizer)
     data = prepare_data(cfg.data, src.tokenizer, cfg.seq_len, template)
     n_rows = len(rows(data.train, cfg.seq_len, data.pad_id, cfg.pack)[0])

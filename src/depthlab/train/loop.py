@@ -177,14 +177,14 @@ def _start_session(family: TrainFamily, run: RunSetup, data: TrainData, config: 
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     model = family.family.build(run.model_cfg, device=device)
-    if init is not None and not run.resume:
-        model.load_state_dict(init)
-    if cfg.weights == "bf16":
+    if cfg.weights == "bf16":  # cast before the start weights load: they may be bf16 already (finetune)
         from depthlab.train.bf16_weights import cast_weights, upcast_linears
 
         cast_weights(model)
         if device.type == "cpu":
             upcast_linears(model)
+    if init is not None and not run.resume:
+        model.load_state_dict(init)
     module = D.wrap(model, env, device, family.loss_module)
     optimizer = build_optimizer(model, cfg, device)
     resumed = _restore(run.out, module, model, optimizer, env) if run.resume else {}

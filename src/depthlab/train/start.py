@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,18 +47,21 @@ class Source:
     info: dict[str, Any]
 
 
-def load_source(path: str | Path, what: str = "source") -> Source:
+def load_source(path: str | Path, what: str = "source", dtype: torch.dtype = torch.float32) -> Source:
     """The weights, model config and tokenizer to start from: a depthlab run or checkpoint directory (its
     latest intact checkpoint; a pruned run's blocks keep their original depths) or an HF model directory.
-    DepthlabError otherwise; ``what`` names the source in that message."""
+    DepthlabError otherwise; ``what`` names the source in that message. ``dtype``: the weights' (an HF model
+    is read straight into it; a run's checkpoint is cast after loading)."""
     p = Path(path)
     if not p.exists():
         raise DepthlabError(f"{what} {str(p)!r} does not exist")
     cfg = read_json_object(p / "config.json") if p.is_dir() else None
     if cfg is not None and "model" in cfg and "train" in cfg:
-        return _from_run(p)
+        src = _from_run(p)
+        return replace(src, state_dict={k: v.to(dtype) if v.is_floating_point() else v
+                                                    for k, v in src.state_dict.items()})
     if cfg is not None and ("model_type" in cfg or "architectures" in cfg):
-        return _from_hf(p)
+        return _from_hf(p, dtype)
     raise DepthlabError(f"{str(p)!r} is neither a depthlab run (config.json + checkpoint/) nor a Hugging Face "
                         "model directory (config.json with model_type)")
 
@@ -84,11 +87,11 @@ def _from_run(path: Path) -> Source:
     return Source(model.cfg, model.state_dict(), tok, info)
 
 
-def _from_hf(path: Path) -> Source:
+def _from_hf(path: Path, dtype: torch.dtype) -> Source:
     from depthlab.data import build_tokenizer
     from depthlab.hf import from_hf
 
-    model = from_hf(str(path))
+    model = from_hf(str(path), dtype=dtype)
     tok = build_tokenizer(f"hf:{path.resolve()}")
     info = {"kind": "hf", "path": str(path.resolve()), "scheme": model.cfg.scheme}
     return Source(model.cfg, model.state_dict(), tok, info)

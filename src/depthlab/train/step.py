@@ -44,10 +44,11 @@ def execution_plan(cfg: TrainConfig, device: torch.device, compile_auto: bool = 
     """How the steps run, for the run's one-line plan, e.g. ``cpu, fp32, eager (auto: 0.6M tokens), fused adam``
     (``compile_auto``: the compile choice was :func:`choose_compile`'s, not the user's)."""
     precision = "bf16 autocast (fp32 weights)" if uses_bf16(cfg, device) else "fp32"
+    fused = "fused " if device.type in FUSED_DEVICES else ""
     if cfg.weights == "bf16":
         precision = "bf16 weights, no fp32 copy" + (", linears upcast to fp32" if device.type == "cpu" else
-                                                    ", bf16 autocast") + ", stochastic rounding"
-    fused = "fused " if device.type in FUSED_DEVICES else ""
+                                                    ", bf16 autocast")
+        fused = "stochastic-rounding "
     mode = "compiled" if cfg.compile else "eager"
     if compile_auto:
         tokens = cfg.steps * cfg.batch_size * cfg.seq_len
