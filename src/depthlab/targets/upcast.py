@@ -10,8 +10,9 @@ included (benchmarks/results/streamed_bf16_vs_fp32_cpu.json). ``load_target(...,
 therefore keeps the weights in bf16 (half the memory) and computes like the layer-streamed engine does: its
 numbers are those of the fp32 model holding the bf16-rounded weights, whichever engine ran. At most one linear
 layer's weights exist in fp32 at a time. Embedding outputs are cast up (a lookup needs no arithmetic, and
-upcasting a 128k-row table per call would cost more than it saves). Modules in training mode are left alone:
-their gradients belong to the bf16 parameters.
+upcasting a 128k-row table per call would cost more than it saves). Each linear layer's forward is swapped for
+an autograd function (:func:`upcast_linears`) that saves the bf16 weight, so the same mechanism trains with bf16
+weights (``depthlab.train.bf16_weights``): gradients arrive in the parameters' bf16.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils.hooks import RemovableHandle
 
 
-def upcast_while_computing(model: nn.Module, compute_dtype: torch.dtype = torch.float32) -> list[RemovableHandle]:
+def upcast_while_computing(model: nn.Module, compute_dtype: torch.dtype = torch.float32
+                           ) -> list[RemovableHandle | _Restore]:
     """Hooks on every ``nn.Linear`` and ``nn.Embedding`` of ``model`` whose weights are not ``compute_dtype``
     (see the module docstring); returns the handles."""
     handles = []
@@ -32,36 +35,57 @@ def upcast_while_computing(model: nn.Module, compute_dtype: torch.dtype = torch.
         if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.dtype == compute_dtype:
             continue
         if isinstance(module, nn.Linear):
-            handles.append(module.register_forward_pre_hook(_Up(compute_dtype), with_kwargs=True))
-            handles.append(module.register_forward_hook(_down))
+            handles += upcast_linears(module)
         elif isinstance(module, nn.Embedding):
             handles.append(module.register_forward_hook(_Cast(compute_dtype)))
     return handles
 
 
-class _Up:
-    """Pre-hook: the module's floating parameters and inputs in ``dtype``; the stored tensors kept aside."""
+class _UpcastLinear(torch.autograd.Function):
+    """``F.linear`` in fp32 from a low-precision weight; saves that weight (not an fp32 copy) for the backward."""
 
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.dtype = dtype
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.bias_dtype, ctx.x_dtype = None if bias is None else bias.dtype, x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(x.float(), weight.float(), None if bias is None else bias.float())
 
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        if module.training:
-            return None
-        stored = {}
-        for name, p in module.named_parameters(recurse=False):
-            if p.is_floating_point() and p.dtype != self.dtype:
-                stored[name] = p.data
-                p.data = p.data.to(self.dtype)
-        module._depthlab_stored = stored
-        return tuple(_cast(a, self.dtype) for a in args), {k: _cast(v, self.dtype) for k, v in kwargs.items()}
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        grad = grad.float()
+        with torch.autocast(grad.device.type, enabled=False):
+            gx = grad @ weight.float() if ctx.needs_input_grad[0] else None
+            gw = grad.reshape(-1, grad.shape[-1]).T @ x.reshape(-1, x.shape[-1]).float() if ctx.needs_input_grad[1] else None
+        gb = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype) if ctx.bias_dtype and ctx.needs_input_grad[2] else None
+        return (None if gx is None else gx.to(ctx.x_dtype), None if gw is None else gw.to(weight.dtype), gb)
 
 
-def _down(module: nn.Module, args: Any, output: Any) -> None:
-    """Post-hook: the stored (bf16) tensors back; the fp32 copies go."""
-    for name, data in getattr(module, "_depthlab_stored", {}).items():
-        getattr(module, name).data = data
-    module._depthlab_stored = {}
+def _upcast_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return _UpcastLinear.apply(x, self.weight, self.bias)
+
+
+class _Restore:
+    """Undoes one :func:`upcast_linears` swap (a handle like torch's hooks')."""
+
+    def __init__(self, module: nn.Linear) -> None:
+        self.module = module
+
+    def remove(self) -> None:
+        self.module.__dict__.pop("forward", None)
+
+
+def upcast_linears(model: nn.Module) -> list[_Restore]:
+    """Each low-precision ``nn.Linear`` of ``model`` computes in fp32 from its stored weight, in inference and in
+    training (the backward upcasts again instead of keeping an fp32 copy alive); returns handles whose
+    ``remove()`` undoes it."""
+    handles: list[_Restore] = []
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module.weight.dtype in (torch.bfloat16, torch.float16):
+            module.forward = _upcast_forward.__get__(module)  # an instance attribute: nn.Module.__call__ uses it
+            handles.append(_Restore(module))
+    return handles
 
 
 class _Cast:

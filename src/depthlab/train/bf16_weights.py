@@ -29,8 +29,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
-from torch.utils.hooks import RemovableHandle
+
+from depthlab.targets.upcast import upcast_linears
+
+__all__ = ["StochasticRoundingAdam", "cast_weights", "stochastic_round", "upcast_linears"]
 
 #: bf16 is the upper half of an fp32: adding a uniform 16-bit integer below the cut and truncating rounds
 #: stochastically.
@@ -51,52 +53,6 @@ def stochastic_round(x: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     noise = torch.randint(0, _LOW_BITS, x.shape, generator=generator, device=x.device, dtype=torch.int32)
     rounded = ((x.view(torch.int32) + noise) & -_LOW_BITS).view(torch.float32)
     return torch.where(torch.isfinite(rounded), rounded, x).to(torch.bfloat16)  # exact: the low bits are zero
-
-
-class _UpcastLinear(torch.autograd.Function):
-    """``F.linear`` in fp32 from a bf16 weight; saves the bf16 weight (not an fp32 copy) for the backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias, ctx.x_dtype = bias is not None, x.dtype
-        with torch.autocast(x.device.type, enabled=False):
-            return F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, weight = ctx.saved_tensors
-        grad = grad.float()
-        with torch.autocast(grad.device.type, enabled=False):
-            gx = grad @ weight.float() if ctx.needs_input_grad[0] else None
-            gw = grad.reshape(-1, grad.shape[-1]).T @ x.reshape(-1, x.shape[-1]).float() if ctx.needs_input_grad[1] else None
-        gb = grad.reshape(-1, grad.shape[-1]).sum(0).to(torch.bfloat16) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return (None if gx is None else gx.to(ctx.x_dtype), None if gw is None else gw.to(weight.dtype), gb)
-
-
-def _upcast_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return _UpcastLinear.apply(x, self.weight, self.bias)
-
-
-class _Restore:
-    """Undoes one :func:`upcast_linears` swap (a handle like torch's hooks')."""
-
-    def __init__(self, module: nn.Linear) -> None:
-        self.module = module
-
-    def remove(self) -> None:
-        self.module.__dict__.pop("forward", None)
-
-
-def upcast_linears(model: nn.Module) -> list[_Restore | RemovableHandle]:
-    """Each bf16 ``nn.Linear`` of ``model`` computes in fp32 from its bf16 weight (see the module docstring);
-    returns handles whose ``remove()`` undoes it."""
-    handles: list[_Restore | RemovableHandle] = []
-    for module in model.modules():
-        if isinstance(module, nn.Linear) and module.weight.dtype == torch.bfloat16:
-            module.forward = _upcast_forward.__get__(module)  # an instance attribute: nn.Module.__call__ uses it
-            handles.append(_Restore(module))
-    return handles
 
 
 class StochasticRoundingAdam(torch.optim.Optimizer):

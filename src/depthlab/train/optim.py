@@ -43,15 +43,14 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
     Adam's epsilon); fused kernels on CUDA and CPU; with ``weights`` bf16, the stochastic-rounding Adam of
     :mod:`depthlab.train.bf16_weights`."""
     rules = optim_rules(model)
+    kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps * rules.eps_scale,
+                  weight_decay=cfg.weight_decay)
     if cfg.weights == "bf16":
         from depthlab.train.bf16_weights import StochasticRoundingAdam
 
-        return StochasticRoundingAdam(param_groups(model, rules), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                      eps=cfg.adam_eps * rules.eps_scale, weight_decay=cfg.weight_decay,
-                                      decoupled=cfg.optimizer == "adamw", seed=cfg.seed)
+        return StochasticRoundingAdam(param_groups(model, rules), **kwargs, decoupled=cfg.optimizer == "adamw",
+                                      seed=cfg.seed)
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps * rules.eps_scale,
-                  weight_decay=cfg.weight_decay)
     if device.type in FUSED_DEVICES:
         kwargs["fused"] = True
     return cls(param_groups(model, rules), **kwargs)
