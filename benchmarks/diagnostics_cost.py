@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import depthlab as d
-from depthlab.diagnostics import AngularAccumulator, RemovalAccumulator, ResidualCapture, find_layers, nll_sum
+from depthlab.analysis.diagnostics import AngularAccumulator, RemovalAccumulator, ResidualCapture, find_layers, nll_sum
 
 
 def _sync(dev):

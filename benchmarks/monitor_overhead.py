@@ -37,10 +37,10 @@ import torch
 from transformers import LlamaForCausalLM, Trainer, TrainingArguments
 
 import depthlab as d
+from depthlab.analysis.monitor import DepthMonitorCallback
+from depthlab.base.provenance import versions
 from depthlab.hf import apply_layernorm_scaling
 from depthlab.hf.convert import hf_config_for
-from depthlab.monitor import DepthMonitorCallback
-from depthlab.provenance import versions
 
 
 class Windows(torch.utils.data.Dataset):

@@ -251,7 +251,7 @@ def transformers_check(original: Path, pruned: Path, removed: list[int], n_token
 
     from transformers import AutoModelForCausalLM
 
-    from depthlab.diagnostics.streamed import Stream, SweepBatch, Sweeper, SweepSettings
+    from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, SweepSettings
     from depthlab.prune.streamed import LogitsConsumer
     from depthlab.targets.layerwise import locate, open_layerwise, stored_bytes, tensor_index
 
@@ -291,7 +291,7 @@ def transformers_check(original: Path, pruned: Path, removed: list[int], n_token
 
 # ---------------------------------------------------------------------------------------------- modes
 def machine() -> dict:
-    from depthlab.provenance import versions
+    from depthlab.base.provenance import versions
 
     info = {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "load_average": list(os.getloadavg())}
@@ -423,7 +423,7 @@ def _smollm2_dir(args: argparse.Namespace) -> Path:
 @torch.no_grad()
 def run_rows(args: argparse.Namespace, streams: int = 31, seqs: int = 8, seq_len: int = 256) -> dict:
     """Seconds per token row of one SmolLM2 layer (the 4th) by token rows per call, interleaved rounds."""
-    from depthlab.diagnostics.streamed import CPU_ROWS_PER_CALL
+    from depthlab.analysis.diagnostics.streamed import CPU_ROWS_PER_CALL
     from depthlab.targets.layerwise import open_layerwise
 
     src = open_layerwise(str(_smollm2_dir(args))).source
@@ -451,9 +451,9 @@ def run_rows(args: argparse.Namespace, streams: int = 31, seqs: int = 8, seq_len
 
 def run_rows_ab(args: argparse.Namespace) -> dict:
     """The streamed diagnose of SmolLM2 at 2,048 tokens with the CPU row cap and without it, interleaved."""
-    from depthlab.diagnostics import DiagnoseOptions
-    from depthlab.diagnostics import streamed as engine
-    from depthlab.diagnostics.streamed_runner import diagnose_streamed
+    from depthlab.analysis.diagnostics import DiagnoseOptions
+    from depthlab.analysis.diagnostics import streamed as engine
+    from depthlab.analysis.diagnostics.streamed_runner import diagnose_streamed
     from depthlab.targets.layerwise import open_layerwise
 
     path, cap = str(_smollm2_dir(args)), engine.CPU_ROWS_PER_CALL

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import depthlab as d
-from depthlab.provenance import versions
+from depthlab.base.provenance import versions
 from depthlab.train import TrainConfig
 from depthlab.train import distributed as D
 from depthlab.train.evaluator import Evaluator

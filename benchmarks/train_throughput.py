@@ -106,7 +106,7 @@ def parse_variant(spec: str) -> Variant:
     if model == "official" and flags:
         raise ValueError("the official-style loop is pure bf16 and uncompiled by definition: no +flags")
     if model not in HF_KINDS:
-        from depthlab.schemes import get_scheme
+        from depthlab.models.schemes import get_scheme
 
         get_scheme(model)  # an unknown scheme fails here, naming the valid ones
     return Variant(spec.strip(), model, "bf16" in flags, "compile" in flags)

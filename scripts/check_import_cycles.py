@@ -5,7 +5,7 @@
     python scripts/check_import_cycles.py --draw     # the layer picture docs/architecture.md shows
 
 Four checks: no cycle among modules; no cycle among packages (``depthlab.train.*`` is one package,
-``depthlab.config`` another); every import goes to a package of the same or a lower layer of
+``depthlab.models.config`` another); every import goes to a package of the same or a lower layer of
 :data:`LAYERS`, so that the layer picture in docs/architecture.md is the code's (a package missing
 from :data:`LAYERS` is an error too); and no ``_private`` name is imported from another package.
 
@@ -146,35 +146,40 @@ def _shortest_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
     return best + [best[0]]
 
 
+#: The folders that group packages: ``depthlab.models.schemes`` is the package ``models.schemes``.
+GROUPS = ("base", "models", "analysis")
+
 #: The layers of depthlab, lowest first: a package may import from its own layer and those below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("depthlab", "_lazy", "errors", "presets", "metrics", "provenance", "progress", "htmlpage", "fileio",
-                    "extras")),
-    ("modules", ("nn",)),
-    ("configs and the scheme registry", ("config", "schemes")),
-    ("configure", ("configure",)),
-    ("models", ("model", "vit")),
-    ("model families", ("families",)),
+    ("foundation", ("depthlab", "base", "base.lazy", "base.errors", "base.metrics", "base.provenance", "base.progress",
+                    "base.htmlpage", "base.fileio", "base.extras", "base.devices", "models.presets")),
+    ("run directories on disk", ("base.store",)),
+    ("modules", ("models.nn",)),
+    ("configs and the scheme registry", ("models.config", "models.schemes")),
+    ("configure", ("models.configure",)),
+    ("models", ("models", "models.decoder", "models.vit")),
+    ("model families", ("models.families",)),
     ("data", ("data",)),
-    ("run directories on disk", ("store",)),
     ("Hugging Face interop", ("hf",)),
-    ("figures", ("plots",)),
+    ("figures", ("analysis.plots",)),
     ("loading anything measurable", ("targets",)),
-    ("evaluation", ("evaluate",)),
-    ("diagnostics", ("diagnostics",)),
-    ("depth monitoring and experiment trackers", ("monitor",)),
-    ("training", ("train",)),
-    ("fine-tuning", ("finetune",)),
+    ("evaluation", ("analysis.evaluate",)),
+    ("diagnostics", ("analysis.diagnostics",)),
+    ("depth monitoring and experiment trackers", ("analysis.monitor",)),
+    ("theory", ("analysis", "analysis.theory")),
+    ("training and fine-tuning", ("train",)),
     ("pruning", ("prune",)),
-    ("theory", ("theory",)),
     ("comparison", ("compare",)),
     ("command line", ("cli", "__main__")),
 )
 
 
 def package_of(module: str) -> str:
-    """``depthlab.train.loop`` -> ``train``; ``depthlab.config`` -> ``config``; ``depthlab`` -> ``depthlab``."""
+    """``depthlab.train.loop`` -> ``train``; ``depthlab.models.schemes`` -> ``models.schemes`` (a group's
+    member); ``depthlab.models`` -> ``models``; ``depthlab`` -> ``depthlab``."""
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] in GROUPS:
+        return f"{parts[1]}.{parts[2]}"
     return parts[1] if len(parts) > 1 else parts[0]
 
 
@@ -203,6 +208,24 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+def unknown_imports(root: Path = ROOT) -> list[str]:
+    """Imports of a ``depthlab`` module that is not in the tree (an old path kept only as an alias for users:
+    inside the package every import names a module where it is), one line each."""
+    modules = module_names(root)
+    bad = []
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            bad += [f"UNKNOWN: {module} imports {n}, which is no module of the tree" for n in names
+                    if n.startswith("depthlab.") and n not in modules]
+    return bad
+
+
 def private_imports(root: Path = ROOT) -> list[str]:
     """``from depthlab.x import _name`` in a module of another package than ``x``, one line each."""
     bad = []
@@ -223,8 +246,8 @@ def draw(graph: dict[str, set[str]]) -> str:
     for name, members in reversed(LAYERS):
         for pkg in members:
             if pkg in pkgs:
-                deps = ", ".join(sorted(pkgs[pkg] - {"depthlab", "_lazy"})) or "-"
-                lines.append(f"    {pkg:<12} {name:<32} -> {deps}")
+                deps = ", ".join(sorted(pkgs[pkg] - {"depthlab", "base.lazy"})) or "-"
+                lines.append(f"    {pkg:<20} {name:<32} -> {deps}")
     return "\n".join(lines)
 
 
@@ -239,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     bad = ["CYCLE: " + " -> ".join(c) for c in cycles(graph)]
     bad += ["PACKAGE CYCLE: " + " -> ".join(c) for c in cycles(package_graph(graph))]
-    bad += layer_violations(graph) + private_imports(args.root)
+    bad += layer_violations(graph) + private_imports(args.root) + unknown_imports(args.root)
     print("\n".join(bad) or f"no import cycles, no package cycles, every import points down {len(LAYERS)} layers")
     return 1 if bad else 0
 

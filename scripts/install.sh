@@ -21,7 +21,7 @@ fi
 
 if [[ "${1:-}" == "--dev" ]]; then
   pip_install -e ".[dev]"
-  # OLMo-core 3.0.0 for the block-parity tests (tests/schemes/test_olmo_parity.py): --no-deps, because its
+  # OLMo-core 3.0.0 for the block-parity tests (tests/models/schemes/test_olmo_parity.py): --no-deps, because its
   # declared pins clash with ours (filelock<4, rich<14, huggingface-hub<2); then the few imports it needs.
   pip_install --no-deps "ai2-olmo-core==3.0.0" "cached-path==1.8.10" "bettermap==1.3.1" "dataclass-extensions==0.5.0"
   pip_install boto3 google-cloud-storage dill

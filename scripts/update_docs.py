@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import check_import_cycles  # noqa: E402 - a sibling script
 
-from depthlab.schemes import scheme_table  # noqa: E402
+from depthlab.models.schemes import scheme_table  # noqa: E402
 
 
 def blocks() -> list[tuple[Path, str, str]]:

@@ -46,7 +46,7 @@ def plan(args) -> dict:
         return {"preset": "tiny", "seq_len": 32, "batch_size": 2, "micro_batch_size": 2, "steps": 3,
                 "tokens_per_scheme": 3 * 2 * 32, "estimate": "dry run"}
     import depthlab
-    from depthlab.model import num_params
+    from depthlab.models.decoder import num_params
 
     cfg = depthlab.from_preset(args.preset, vocab_size=vocab_of(args.data) or depthlab.from_preset(args.preset).vocab_size)
     n_matmul = num_params(cfg) - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model)

@@ -2,7 +2,7 @@
 
     python experiments/cpu-depth-over-training/analyze.py [NAME=]RUN_DIR [...] --out experiments/cpu-depth-over-training
 
-For each checkpoint of each run: the same depth probe the trainer logs (depthlab.diagnostics.tracking:
+For each checkpoint of each run: the same depth probe the trainer logs (depthlab.analysis.diagnostics.probes:
 adjacent angular distance, removal Δloss, contribution ‖x^{l+1}−x^l‖/‖x^l‖, pre-norm gain mean|γ|,
 output variance) on one fixed held-out batch of the built-in corpus (the six held-out books), plus the
 held-out loss of that batch. Writes results.json, depth_over_training.png and gap_over_training.png (for
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from depthlab.data import eval_token_batches
-from depthlab.diagnostics.tracking import TRACKED, deep_mean, depth_probe
-from depthlab.plots._base import save, subplots
+from depthlab.analysis.diagnostics.probes import TRACKED, deep_mean, depth_probe
+from depthlab.analysis.plots._base import save, subplots
 from depthlab.train import list_checkpoints, load_run
 
 SEQ, N_SEQ = 128, 32  # 4,096 held-out tokens per probe

@@ -48,7 +48,7 @@ def parse() -> argparse.Namespace:
 
 def selections(cap, calib, evalset, survey, original: float, counts: list[int]) -> dict[str, dict[str, dict]]:
     """Blocks chosen on ``calib`` (``survey`` is its pass) by each method; losses measured on ``evalset``."""
-    from depthlab.diagnostics.removal import joint_removal_loss
+    from depthlab.analysis.diagnostics.removal import joint_removal_loss
     from depthlab.prune import angular_block, greedy_removal, lowest_influence
 
     t0 = time.time()
@@ -118,8 +118,8 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main() -> None:
-    from depthlab.diagnostics import load_target
-    from depthlab.diagnostics.capture import capture_of
+    from depthlab.analysis.diagnostics import load_target
+    from depthlab.analysis.diagnostics.capture import capture_of
     from depthlab.prune import PruneOptions, survey_model
     from depthlab.prune.pipeline import held_out_batches
 

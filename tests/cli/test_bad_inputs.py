@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from depthlab import from_preset
+from depthlab.base.fileio import sha256_file
 from depthlab.cli import main
-from depthlab.fileio import sha256_file
 from depthlab.train import TrainConfig, train
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -352,14 +352,14 @@ def test_bad_input_in_a_real_interpreter(ws, case):
 def test_verbose_failure_shows_the_traceback_exits_2_and_removes_the_out_it_created(ws, tmp_path, capsys,
                                                                                      monkeypatch):
     """-v adds the traceback of an unexpected error; the exit code and the clean-up stay those of any failure."""
-    import depthlab.evaluate
+    import depthlab.analysis.evaluate
 
     def broken(target, tasks, *, out, **kw):
         Path(out).mkdir(parents=True)
         (Path(out) / "eval.json").write_text("{")  # half an output
         raise RuntimeError("boom in the middle")
 
-    monkeypatch.setattr(depthlab.evaluate, "evaluate", broken)
+    monkeypatch.setattr(depthlab.analysis.evaluate, "evaluate", broken)
     out = tmp_path / "evals"
     code = main(["-v", "evaluate", str(ws / "run"), "--tasks", "builtin-mc", "--device", "cpu", "--out", str(out)])
     err = capsys.readouterr().err

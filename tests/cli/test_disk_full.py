@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
+from depthlab.base.store.checkpoint import damage, list_checkpoints
 from depthlab.cli import main
-from depthlab.store.checkpoint import damage, list_checkpoints
 
 
 @pytest.fixture
@@ -63,4 +63,4 @@ def test_a_checkpoint_that_does_not_fit_leaves_the_earlier_one_intact(full_disk,
     assert "inline_container" not in line and "enforce fail" not in line
     (first,) = list_checkpoints(run)
     assert first.name == "step-00000001" and damage(first) is None
-    assert not list((run / "checkpoint").glob(".tmp-*"))  # the failed write is gone
+    assert not list((run / "checkpoint").glob(".*.tmp-*"))  # the failed write is gone

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from depthlab.analysis.diagnostics.options import DiagnoseOptions
 from depthlab.cli import build_parser, main
 from depthlab.cli._options import Section, field_docs
 from depthlab.compare.config import CompareConfig
-from depthlab.diagnostics.options import DiagnoseOptions
 from depthlab.prune.options import HealOptions, PruneOptions
 from depthlab.train.config import TrainConfig
 

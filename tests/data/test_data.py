@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from depthlab.base.errors import DepthlabError
 from depthlab.data import (
     BUILTIN_VAL_BOOKS,
     ByteTokenizer,
@@ -21,7 +22,6 @@ from depthlab.data import (
     pad_tokens,
     write_shards,
 )
-from depthlab.errors import DepthlabError
 
 
 def _chapters_by_book():

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from depthlab.base.errors import DepthlabError
 from depthlab.cli import main
 from depthlab.data import (
     BUILTIN_VAL_BOOKS,
@@ -30,7 +31,6 @@ from depthlab.data.named import corpus_root
 from depthlab.data.opencorpus import NAME, build, toy_options, verify
 from depthlab.data.opencorpus import readers as R
 from depthlab.data.opencorpus.build import MIN_PARAGRAPH, _norm
-from depthlab.errors import DepthlabError
 
 PART = 16 * 1024  # a tiny part limit, so the dry run writes several parts
 

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
+from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import jsonl_lines, read_json_records
 from depthlab.data.sft import load_records
 from depthlab.data.tasks import load_task_file
-from depthlab.errors import DepthlabError
-from depthlab.fileio import jsonl_lines, read_json_records
 
 #: characters str.splitlines() cuts at but JSON allows unescaped inside a string
 SEPARATORS = "\u2028\u2029\u0085\x1c\x1d\x1e\x0b\x0c"

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
+from depthlab.base.errors import DepthlabError
 from depthlab.cli import main
-from depthlab.errors import DepthlabError
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,7 +7,7 @@ import torch
 from prune_models import tiny_hf
 
 import depthlab as d
-from depthlab.diagnostics import ResidualCapture, find_layers
+from depthlab.analysis.diagnostics import ResidualCapture, find_layers
 from depthlab.prune import drop_layers, prune_model, verify_export, write_hf
 from depthlab.prune.export import hf_model_of, lm_logits
 

@@ -10,9 +10,9 @@ import torch
 from prune_models import byte_tokenizer
 from streaming_models import hf_dir, save_hf, tiny_hf
 
+from depthlab.analysis.diagnostics import load_target
+from depthlab.base.errors import DepthlabError
 from depthlab.cli import main
-from depthlab.diagnostics import load_target
-from depthlab.errors import DepthlabError
 from depthlab.prune import PruneOptions, prune_target
 from depthlab.prune.streamed import prune_streamed
 from depthlab.targets.layerwise import open_layerwise
@@ -122,7 +122,7 @@ def test_streamed_prune_of_smollm2_equals_in_memory(smollm2_dir, tmp_path):
     by shard loads in transformers with the logits and cached generation of the model pruned in memory."""
     from transformers import AutoModelForCausalLM
 
-    from depthlab.diagnostics.capture import capture_of
+    from depthlab.analysis.diagnostics.capture import capture_of
     from depthlab.prune import drop_layers
     from depthlab.prune.pipeline import held_out_batches
     from depthlab.prune.select import angular_block, survey_model

@@ -6,9 +6,9 @@ import pytest
 import torch
 from prune_models import tiny_hf
 
-from depthlab.diagnostics import ResidualCapture, find_layers
-from depthlab.diagnostics.removal import joint_removal_loss
-from depthlab.errors import DepthlabError
+from depthlab.analysis.diagnostics import ResidualCapture, find_layers
+from depthlab.analysis.diagnostics.removal import joint_removal_loss
+from depthlab.base.errors import DepthlabError
 from depthlab.prune import angular_block, greedy_removal, lowest_influence, select_blocks, survey_model
 
 

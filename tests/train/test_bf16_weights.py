@@ -15,9 +15,9 @@ from torch.nn import functional as F
 
 from depthlab import from_preset
 from depthlab.cli import main
-from depthlab.finetune.run import finetune
 from depthlab.train import TrainConfig, train
 from depthlab.train.bf16_weights import StochasticRoundingAdam, stochastic_round, upcast_linears
+from depthlab.train.finetune import finetune
 
 ULP_AT_1 = 2.0**-7  # bf16 spacing in [1, 2)
 

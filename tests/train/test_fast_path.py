@@ -34,8 +34,8 @@ import pytest
 import torch
 
 from depthlab import from_preset
+from depthlab.base.store.checkpoint import list_checkpoints, read_checkpoint
 from depthlab.cli import main
-from depthlab.store.checkpoint import list_checkpoints, read_checkpoint
 from depthlab.train import TrainConfig, loop, train
 from depthlab.train.optim import FUSED_DEVICES
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from depthlab import from_preset
-from depthlab.errors import DepthlabError
-from depthlab.metrics import element_variance
-from depthlab.model import build_model
+from depthlab.base.errors import DepthlabError
+from depthlab.base.metrics import element_variance
+from depthlab.models.decoder import build_model
 from depthlab.train import TrainConfig
 from depthlab.train import distributed as D
 from depthlab.train.evaluator import EvalResult, Evaluator

@@ -6,8 +6,8 @@ import json
 import pytest
 
 import depthlab as d
-from depthlab.diagnostics import DiagnoseOptions, diagnose, load_target
-from depthlab.diagnostics.tracking import TRACKED
+from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose, load_target
+from depthlab.analysis.diagnostics.probes import TRACKED
 from depthlab.train import TrainConfig, train
 
 SEQ, PROBE = 32, 4

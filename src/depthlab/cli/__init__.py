@@ -22,9 +22,9 @@ import sys
 import traceback
 import warnings
 
+from depthlab.base.errors import DepthlabError, first_line
 from depthlab.cli._options import apply_config_file
 from depthlab.cli._outputs import OutputGuard
-from depthlab.errors import DepthlabError, first_line
 
 
 class _Parser(argparse.ArgumentParser):

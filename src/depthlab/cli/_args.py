@@ -16,7 +16,7 @@ def _value(text: str):
 
 def parse_overrides(pairs: list[str] | None) -> dict:
     """``--set KEY=VALUE`` pairs -> config overrides (values parsed as JSON when they are)."""
-    from depthlab.errors import ConfigError
+    from depthlab.base.errors import ConfigError
 
     out = {}
     for pair in pairs or []:
@@ -42,8 +42,8 @@ def model_from_args(args: argparse.Namespace, base: Any = None) -> Any:
     """The model config the arguments describe: ``--preset`` (else the config file's ``model:`` section, whose
     ``name`` may be a preset; else ``base``; else ``tiny``), then the section's fields and scheme options, then
     ``--scheme`` and ``--set``. A run's saved ``model`` section rebuilds exactly that model."""
-    from depthlab.configure import ALL_PRESETS, configure, from_preset
-    from depthlab.families import family_named
+    from depthlab.models.configure import ALL_PRESETS, configure, from_preset
+    from depthlab.models.families import family_named
 
     section = dict(args.model_section or {})
     if args.preset:
@@ -66,7 +66,7 @@ def model_from_args(args: argparse.Namespace, base: Any = None) -> Any:
 
 def scheme_help() -> str:
     """The ``--scheme`` help: the registry's names and its baseline (generated, never hand-kept)."""
-    from depthlab.schemes import BASELINE_SCHEME, SCHEMES
+    from depthlab.models.schemes import BASELINE_SCHEME, SCHEMES
 
     return (f"normalization scheme (default {BASELINE_SCHEME}), or a variant NAME:KEY=VALUE: {', '.join(SCHEMES)}; "
             "see 'schemes' below")
@@ -74,7 +74,7 @@ def scheme_help() -> str:
 
 def schemes_epilog() -> str:
     """One line per registered scheme (its ``summary`` and options), for a command's help text."""
-    from depthlab.schemes import SCHEMES
+    from depthlab.models.schemes import SCHEMES
 
     width = max(map(len, SCHEMES))
     lines = ["schemes (options with --set NAME=VALUE or --scheme NAME:KEY=VALUE):"]

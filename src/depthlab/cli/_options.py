@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from depthlab.errors import DepthlabError, choices, first_line
+from depthlab.base.errors import DepthlabError, choices, first_line
 
 #: Keys of a run's config.json that record where it came from, not how to run it (skipped by --config).
 PROVENANCE_KEYS = ("versions", "command", "command_resume", "world_size", "family", "data_fingerprint", "tokenizer",

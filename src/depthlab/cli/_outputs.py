@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from depthlab.errors import DepthlabError
+from depthlab.base.errors import DepthlabError
 
 #: command -> the argparse dest of its output directory.
 OUTPUT_ARGS = {"train": "out", "compare": "out", "diagnose": "out", "export": "hf", "tokenize": "out",
@@ -57,7 +57,7 @@ class OutputGuard:
         try:
             if any(self.path.rglob("trainer_state.json")):
                 return
-            from depthlab.store.lock import RunLock
+            from depthlab.base.store.lock import RunLock
 
             lock = RunLock(self.path)
             if not lock.try_acquire_quietly():  # another process created it meanwhile and is writing it: not ours

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from depthlab.analysis.diagnostics.options import DiagnoseOptions
 from depthlab.cli._args import schemes_epilog
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.compare.config import CompareConfig, Downstream
-from depthlab.diagnostics.options import DiagnoseOptions
 from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, WEIGHT_DTYPES, TrainConfig
 
 USAGE = """\
@@ -67,9 +67,9 @@ def register(subparsers) -> None:
 
 def build_config(args) -> CompareConfig:
     """The CompareConfig the arguments (and ``--config``) describe; the data default follows the preset's family."""
+    from depthlab.base.errors import DepthlabError
     from depthlab.cli._args import parse_overrides
-    from depthlab.errors import DepthlabError
-    from depthlab.families import family_of_preset
+    from depthlab.models.families import family_of_preset
 
     given = COMPARE.given(args)
     if not given.get("schemes"):
@@ -88,9 +88,9 @@ def run_and_print(cfg: CompareConfig, out: str, command: str) -> int:
     import logging
     from pathlib import Path
 
+    from depthlab.base.store.lock import RunLock
     from depthlab.compare import compare, markdown_table
-    from depthlab.compare.run import check_compare_dir
-    from depthlab.store.lock import RunLock
+    from depthlab.compare.experiment import check_compare_dir
 
     def progress(scheme: str, seed: int, row: dict) -> None:
         metric = f"ppl {row['eval_ppl']:.2f}" if "eval_ppl" in row else f"top-1 {100 * row['eval_acc']:.2f} %"
@@ -108,6 +108,6 @@ def run_and_print(cfg: CompareConfig, out: str, command: str) -> int:
 
 
 def main(args) -> int:
-    from depthlab.provenance import command_line
+    from depthlab.base.provenance import command_line
 
     return run_and_print(build_config(args), args.out, command_line(args.argv))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from depthlab.base.provenance import command_line
 from depthlab.cli.compare import add_compare_arguments, build_config, run_and_print
-from depthlab.provenance import command_line
 
 #: Sized to finish within 2 minutes on 2 CPU cores (AMD EPYC or Intel), cold cache, tokenizer training, two
 #: runs and their diagnoses included (profiled and measured: README, "The demo"): 64 steps of 8 x 128 tokens

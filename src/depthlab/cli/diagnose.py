@@ -7,9 +7,10 @@ import logging
 import sys
 from pathlib import Path
 
+from depthlab.analysis.diagnostics.options import SPLITS, DiagnoseOptions
+from depthlab.base.devices import DEVICE_HELP
 from depthlab.cli._options import Section, add_config_flag
-from depthlab.diagnostics.options import SPLITS, DiagnoseOptions
-from depthlab.schemes import BASELINE_SCHEME
+from depthlab.models.schemes import BASELINE_SCHEME
 
 log = logging.getLogger("depthlab.diagnose")
 
@@ -83,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("target", metavar="TARGET", help="run dir / checkpoint, preset:NAME, HF dir, .gguf, hub id, smollm2, minilm")
     p.add_argument("--out", default=None, help="output directory (default reports/<target name>)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help=DTYPE_HELP)
     p.add_argument("--scheme", default=None, help=f"scheme of a preset:NAME target (default {BASELINE_SCHEME}); other "
                    "targets keep the scheme they were trained with")
@@ -95,17 +96,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _device_dtype(args):
     import torch
 
-    from depthlab.errors import DepthlabError
+    from depthlab.base.devices import resolve_device
 
-    dev = args.device
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(dev)
-    except RuntimeError:
-        raise DepthlabError(f"unknown device {args.device!r}; choose auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DepthlabError(f"--device {args.device} asked, but no CUDA device is available")
+    device = resolve_device(args.device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(args.dtype)
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -114,7 +107,7 @@ def _device_dtype(args):
 
 def _seq_len(asked: int | None, target) -> int:
     """``--seq-len``, refused past the model's context; unset: 256, or the context when shorter."""
-    from depthlab.errors import DepthlabError
+    from depthlab.base.errors import DepthlabError
 
     limit = target.max_seq_len
     if asked is not None and limit is not None and asked > limit:
@@ -125,13 +118,13 @@ def _seq_len(asked: int | None, target) -> int:
 def _check(args: argparse.Namespace, given: dict):
     """Every check that needs no model, before it is loaded: the options, the device, the --mc task (read whole),
     the output directory. Returns (device, dtype, out)."""
-    from depthlab.errors import DepthlabError
+    from depthlab.base.errors import DepthlabError
 
     DiagnoseOptions(**given).validate()
     device, dtype = _device_dtype(args)
     mc = given.get("mc")
     if mc is not None and not mc.startswith("hf:"):
-        from depthlab.evaluate import load_tasks
+        from depthlab.analysis.evaluate import load_tasks
 
         load_tasks([mc], given.get("mc_limit"))  # a missing, non-UTF-8 or malformed file: refused now
     if args.out:
@@ -161,9 +154,9 @@ def _not_fresh(out: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from depthlab.diagnostics import diagnose, load_target
-    from depthlab.diagnostics.streamed_runner import plan_engine
-    from depthlab.provenance import command_line
+    from depthlab.analysis.diagnostics import diagnose, load_target
+    from depthlab.analysis.diagnostics.streamed_runner import plan_engine
+    from depthlab.base.provenance import command_line
 
     given = DIAGNOSE.given(args)
     device, dtype, out = _check(args, given)
@@ -190,8 +183,8 @@ def run(args: argparse.Namespace) -> int:
 def _publish(report: dict, out: Path, opts: DiagnoseOptions) -> int:
     """Write the report whole (a hidden sibling renamed to ``out``), then print its summary sentence and path
     (a note on stderr when the data was short)."""
-    from depthlab.diagnostics import write_report
-    from depthlab.store.atomic import publish_dir
+    from depthlab.analysis.diagnostics import write_report
+    from depthlab.base.fileio import publish_dir
 
     with publish_dir(out) as tmp:
         write_report(report, tmp)
@@ -204,11 +197,11 @@ def _publish(report: dict, out: Path, opts: DiagnoseOptions) -> int:
 
 
 def _run_streamed(args: argparse.Namespace, given: dict, plan, device, dtype, out: Path) -> int:
-    """The model read one layer at a time (``depthlab.diagnostics.streamed_runner``); its resume state lives in a
+    """The model read one layer at a time (``depthlab.analysis.diagnostics.streamed_runner``); its resume state lives in a
     hidden sibling of ``out`` until the report is published."""
-    from depthlab.diagnostics.streamed_runner import compute_dtype, diagnose_streamed, finish
-    from depthlab.errors import DepthlabError
-    from depthlab.provenance import command_line
+    from depthlab.analysis.diagnostics.streamed_runner import compute_dtype, diagnose_streamed, finish
+    from depthlab.base.errors import DepthlabError
+    from depthlab.base.provenance import command_line
     from depthlab.targets.layerwise import open_layerwise
 
     if given.get("jacobian"):

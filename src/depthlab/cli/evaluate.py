@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 
+from depthlab.base.devices import DEVICE_HELP
 from depthlab.cli.diagnose import DTYPE_HELP
 
 USAGE = """\
@@ -37,7 +38,7 @@ def register(subparsers) -> None:
     p.add_argument("--scoring", choices=("loglik", "generate"), default="loglik", help="default loglik (lm-eval)")
     p.add_argument("--template", default="alpaca", help="SFT prompt template for --scoring generate (alpaca, llm-adapters)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="generated tokens for --scoring generate (default 32)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help=DTYPE_HELP)
     p.add_argument("--scheme", default=None, help="scheme of a preset:NAME target (default pre); other targets keep "
                    "the scheme they were trained with")
@@ -48,10 +49,10 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from depthlab.analysis.evaluate import evaluate, load_tasks, markdown_table
+    from depthlab.base.errors import DepthlabError
     from depthlab.cli.diagnose import _device_dtype
     from depthlab.data.sft import get_template
-    from depthlab.errors import DepthlabError
-    from depthlab.evaluate import evaluate, load_tasks, markdown_table
     from depthlab.targets import load_target
 
     out = Path(args.out)

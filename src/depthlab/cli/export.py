@@ -32,7 +32,7 @@ def main(args) -> int:
 
     import torch
 
-    from depthlab.errors import DepthlabError
+    from depthlab.base.errors import DepthlabError
     from depthlab.hf import to_hf
     from depthlab.train import load_run
 

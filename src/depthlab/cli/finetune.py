@@ -63,7 +63,7 @@ def register(subparsers) -> None:
 
 def _configs(args):
     """(source, TrainConfig, out, resume, template) from the arguments (the saved run's when resuming)."""
-    from depthlab.errors import DepthlabError
+    from depthlab.base.errors import DepthlabError
     from depthlab.train.rundir import saved_config
 
     given = TRAIN.given(args)
@@ -83,9 +83,9 @@ def _configs(args):
 
 
 def run(args) -> int:
-    from depthlab.finetune.run import finetune
-    from depthlab.provenance import command_line
+    from depthlab.base.provenance import command_line
     from depthlab.train import TrainingDiverged
+    from depthlab.train.finetune import finetune
 
     source, cfg, out, resume, template = _configs(args)
     try:

@@ -7,6 +7,7 @@ import argparse
 import shlex
 import sys
 
+from depthlab.base.devices import DEVICE_HELP
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.prune.options import HEAL_MODES, METHODS, HealOptions, PruneOptions
 
@@ -46,7 +47,7 @@ def register(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="TARGET", help="run dir / checkpoint, HF dir, .gguf, hub id, smollm2")
     p.add_argument("--out", help="output directory (must not exist or be empty)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, mps")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="weights while pruning (default fp32); "
                    "bf16 on a CPU: bf16 weights, each layer computed in fp32")
     PRUNE.add_to(p)
@@ -58,10 +59,10 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from depthlab.analysis.diagnostics import load_target
+    from depthlab.analysis.diagnostics.streamed_runner import plan_engine
+    from depthlab.base.errors import DepthlabError
     from depthlab.cli.diagnose import _device_dtype
-    from depthlab.diagnostics import load_target
-    from depthlab.diagnostics.streamed_runner import plan_engine
-    from depthlab.errors import DepthlabError
     from depthlab.prune import check_options, check_target, prune_target
 
     if not args.out:
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
     given = PRUNE.given(args)
-    progress = given.pop("progress", True)  # a bar on a terminal, ETA log lines otherwise (depthlab.progress)
+    progress = given.pop("progress", True)  # a bar on a terminal, ETA log lines otherwise (depthlab.base.progress)
     base = PruneOptions()
     heal = HealOptions(**{"data": given.get("data", base.data), "seq_len": given.get("seq_len", base.seq_len),
                           **HEAL.given(args), "progress": progress})
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_engine(args.target, device, dtype, opts.stream)
     command = "depthlab prune " + " ".join(shlex.quote(a) for a in _argv(args))
     if plan.streamed:
-        from depthlab.diagnostics.streamed_runner import compute_dtype
+        from depthlab.analysis.diagnostics.streamed_runner import compute_dtype
         from depthlab.prune.streamed import check_stream_target, prune_streamed
         from depthlab.targets.layerwise import open_layerwise
 

@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _seeds(text: str) -> list[int]:
-    from depthlab.errors import DepthlabError
+    from depthlab.base.errors import DepthlabError
 
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
@@ -55,8 +55,8 @@ def _seeds(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from depthlab.provenance import command_line
-    from depthlab.theory import EmpiricalSetup, RecursionParams, run_theory, summary_lines
+    from depthlab.analysis.theory import EmpiricalSetup, RecursionParams, run_theory, summary_lines
+    from depthlab.base.provenance import command_line
 
     params = RecursionParams(c=args.c, sigma1_sq=args.sigma1_sq, A=args.A, B=args.B)
     setup = None if args.no_empirical else EmpiricalSetup(

@@ -28,9 +28,9 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
+    from depthlab.base.errors import DepthlabError
+    from depthlab.base.fileio import publish_dir
     from depthlab.data import build_tokenizer, check_tokenizer_spec, iter_documents, write_shards
-    from depthlab.errors import DepthlabError
-    from depthlab.store.atomic import publish_dir
 
     if Path(args.out).exists():
         raise DepthlabError(f"output {args.out!r} already exists; choose a new --out")

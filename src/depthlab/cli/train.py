@@ -57,8 +57,8 @@ def register(subparsers) -> None:
 def build_configs(args):
     """(model config, TrainConfig, out_dir, resume, start) from parsed args (saved config when resuming;
     the source's model and tokenizer with ``--init-from``)."""
-    from depthlab.errors import DepthlabError
-    from depthlab.families import config_from_saved
+    from depthlab.base.errors import DepthlabError
+    from depthlab.models.families import config_from_saved
     from depthlab.train.rundir import saved_config
 
     resume = args.resume is not None
@@ -85,8 +85,8 @@ def build_configs(args):
 def _init_from(args, given: dict):
     """(model config, TrainConfig, StartFrom) for ``--init-from``: the source's model config (its scheme and,
     for a pruned run, each block's original depth), weights and tokenizer; the run's settings from the flags."""
-    from depthlab.config import ModelConfig
-    from depthlab.errors import DepthlabError
+    from depthlab.base.errors import DepthlabError
+    from depthlab.models.config import ModelConfig
     from depthlab.train.data import load_train_data
     from depthlab.train.start import StartFrom, load_source
 
@@ -100,7 +100,7 @@ def _init_from(args, given: dict):
 
 
 def _allowed(text: str | None, resume: bool) -> tuple[str, ...]:
-    from depthlab.errors import DepthlabError
+    from depthlab.base.errors import DepthlabError
 
     keys = tuple(k.strip().replace("-", "_") for k in (text or "").split(",") if k.strip())
     if keys and not resume:
@@ -109,7 +109,7 @@ def _allowed(text: str | None, resume: bool) -> tuple[str, ...]:
 
 
 def run(args) -> int:
-    from depthlab.provenance import command_line
+    from depthlab.base.provenance import command_line
     from depthlab.train import TrainingDiverged, train
     from depthlab.train.distributed import is_main_process
 
@@ -123,7 +123,7 @@ def run(args) -> int:
         return 1
     if is_main_process():
         if not args.no_plots:
-            from depthlab.plots.training import run_figures
+            from depthlab.analysis.plots.training import run_figures
 
             run_figures(out)
         lv = summary["layer_variance"]

@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from depthlab.diagnostics.options import DiagnoseOptions
-from depthlab.errors import DepthlabError, check_int, choices
+from depthlab.analysis.diagnostics.options import DiagnoseOptions
+from depthlab.base.errors import DepthlabError, check_int, choices
 from depthlab.train.config import MAX_SEED, TrainConfig
 
 
@@ -38,11 +38,11 @@ class Downstream:
         if self.active and family != "lm":
             raise DepthlabError(f"--finetune / --eval need language models; this compare trains {family} models")
         if self.finetune:
-            from depthlab.finetune.run import sft_records
+            from depthlab.train.finetune import sft_records
 
             sft_records(self.finetune)
         if self.tasks:
-            from depthlab.evaluate import load_tasks
+            from depthlab.analysis.evaluate import load_tasks
 
             load_tasks(self.tasks, self.limit)
         elif self.finetune:
@@ -72,8 +72,8 @@ class CompareConfig:
     downstream: Downstream = field(default_factory=Downstream)  # --finetune / --eval (compare.downstream)
 
     def validate(self) -> None:
-        from depthlab.families import family_of, family_of_preset
-        from depthlab.schemes import SCHEMES
+        from depthlab.models.families import family_of, family_of_preset
+        from depthlab.models.schemes import SCHEMES
         from depthlab.train.family import train_family
 
         if not self.schemes:
@@ -94,7 +94,7 @@ class CompareConfig:
         check_int("--jobs", self.jobs, 1)
         self.diagnose.validate("--diag-")
         if self.diagnose.mc and not self.diagnose.mc.startswith("hf:"):
-            from depthlab.evaluate import load_tasks
+            from depthlab.analysis.evaluate import load_tasks
 
             load_tasks([self.diagnose.mc], self.diagnose.mc_limit)  # read whole now, not after the training
         for spec in self.specs():  # every model config must be valid before anything is trained
@@ -103,15 +103,15 @@ class CompareConfig:
         self.downstream.validate(family_of(self.model_config(self.schemes[0])).name)
 
     def specs(self) -> list[Any]:
-        """The scheme variants, each parsed once by the registry (:class:`depthlab.schemes.SchemeSpec`)."""
-        from depthlab.schemes import parse_scheme_spec
+        """The scheme variants, each parsed once by the registry (:class:`depthlab.models.schemes.SchemeSpec`)."""
+        from depthlab.models.schemes import parse_scheme_spec
 
         return [parse_scheme_spec(s) for s in self.schemes]
 
     def model_config(self, scheme: Any) -> Any:
         """The model of one scheme variant (a SchemeSpec or ``lns:position=after-branch``): the preset, the
         overrides and the variant's options."""
-        from depthlab.configure import from_preset
+        from depthlab.models.configure import from_preset
 
         return from_preset(self.preset, **self.model_overrides, scheme=scheme)
 

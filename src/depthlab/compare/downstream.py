@@ -1,15 +1,15 @@
 """``compare --finetune DATA --eval TASKS``: the paper's Table 2 on the compared runs.
 
 After each (scheme, seed) run is pre-trained and diagnosed, it is fine-tuned on the same SFT data
-with the same steps, hyper-parameters and seed (:func:`depthlab.finetune.run.finetune`), and the
+with the same steps, hyper-parameters and seed (:func:`depthlab.train.finetune.finetune`), and the
 fine-tuned model (the pre-trained one when no ``--finetune`` is given) is scored on the tasks with
-:func:`depthlab.evaluate.evaluate` (lm-eval-style zero-shot ``acc``). Layout inside each run::
+:func:`depthlab.analysis.evaluate.evaluate` (lm-eval-style zero-shot ``acc``). Layout inside each run::
 
     runs/<scheme>-seed<k>/finetune/     the fine-tuning run (config, metrics, checkpoint, summary)
     runs/<scheme>-seed<k>/downstream/   eval.json + eval.md of the evaluated model
 
 Both are reused when present, so an interrupted compare resumes. The table (summary.md, report.html):
-per-task accuracy in %, their average, Δ average vs :data:`depthlab.schemes.BASELINE_SCHEME` (per
+per-task accuracy in %, their average, Δ average vs :data:`depthlab.models.schemes.BASELINE_SCHEME` (per
 seed), and the fine-tuning held-out (response-only) loss; mean ± sample std over seeds.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlab.compare.config import Downstream
-from depthlab.schemes import BASELINE_SCHEME
+from depthlab.models.schemes import BASELINE_SCHEME
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def run_downstream(ds: Downstream, run_dir: Path, seed: int, device: str | None,
     row: dict[str, Any] = {}
     target = run_dir
     if ds.finetune:
-        from depthlab.finetune.run import finetune
+        from depthlab.train.finetune import finetune
 
         ft = run_dir / FINETUNE_DIR
         if (ft / "summary.json").is_file():
@@ -52,7 +52,7 @@ def run_downstream(ds: Downstream, run_dir: Path, seed: int, device: str | None,
         row["sft_eval_loss"], target = summary["eval_loss"], ft
     ev = run_dir / EVAL_DIR
     if not (ev / "eval.json").is_file():
-        from depthlab.evaluate import evaluate
+        from depthlab.analysis.evaluate import evaluate
 
         shutil.rmtree(ev, ignore_errors=True)
         evaluate(str(target), ds.tasks, out=ev, limit=ds.limit, batch_size=ds.eval_batch_size, progress=False,
@@ -137,7 +137,7 @@ def downstream_markdown(result: dict[str, Any]) -> str:
 
 def downstream_html(result: dict[str, Any]) -> list[str]:
     """The report.html section ([] when the compare has none)."""
-    from depthlab import htmlpage as H
+    from depthlab.base import htmlpage as H
 
     table = result.get("downstream")
     if not table:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from depthlab.errors import DepthlabError
+from depthlab.base.errors import DepthlabError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 def _warm_tokenizer(cfg: Any) -> None:
     """Train (and cache) the runs' BPE tokenizer once, so parallel runs only read it."""
     from depthlab.data import DEFAULT_TOKENIZER, build_tokenizer, is_shard_dir, iter_documents
-    from depthlab.families import family_of_preset
+    from depthlab.models.families import family_of_preset
 
     if family_of_preset(cfg.preset).name != "lm":  # ViTs read images: no tokenizer
         return
@@ -68,7 +68,7 @@ def _worker(conn: Any, threads: int, work: Callable[..., str], args: tuple, pare
     try:
         conn.send(("ok", work(*args)))
     except BaseException as err:  # noqa: BLE001 - reported by the parent, in one line
-        from depthlab.errors import DepthlabError, first_line
+        from depthlab.base.errors import DepthlabError, first_line
 
         line = first_line(err) if isinstance(err, DepthlabError) else f"{type(err).__name__}: {first_line(err)}"
         conn.send(("error", line[:300]))

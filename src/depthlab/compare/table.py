@@ -1,5 +1,5 @@
 """The compare table's columns and cell format, shared by ``compare`` (summary.md) and
-``compare.report`` (report.html); it imports neither, so neither imports the other.
+``compare.page`` (report.html); it imports neither, so neither imports the other.
 
     COLUMNS["eval_ppl"] == ("perplexity", "{:.2f}")
     format_cell({"eval_ppl": 19.0, "eval_ppl_std": 1.4}, "eval_ppl") == "19.00 ± 1.40"
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from depthlab.schemes import BASELINE_SCHEME
+from depthlab.models.schemes import BASELINE_SCHEME
 
 #: Columns of the table: key -> (header, format). Deltas are per seed against BASELINE_SCHEME.
 COLUMNS: dict[str, tuple[str, str]] = {

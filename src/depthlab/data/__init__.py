@@ -6,7 +6,7 @@
         ...  # LongTensor (B, 256) of held-out text
 """
 
-from depthlab._lazy import lazy_exports
+from depthlab.base.lazy import lazy_exports
 
 DEFAULT_TOKENIZER = "bpe:4096"  # for --data builtin and local corpora: small vocab, cached
 

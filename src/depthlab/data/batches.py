@@ -19,8 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -28,11 +26,12 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import publish
 from depthlab.data.corpora import SHARDS_META, builtin_path, iter_documents, resolve_files
 from depthlab.data.named import NAMED_CORPORA, named_fingerprint, shard_path
 from depthlab.data.tokenizers import Tokenizer, default_cache_dir
-from depthlab.errors import DepthlabError
-from depthlab.model import IGNORE_INDEX  # the loss convention is the model's; re-exported by depthlab.data
+from depthlab.models.decoder import IGNORE_INDEX  # the loss convention is the model's; re-exported by depthlab.data
 
 log = logging.getLogger(__name__)
 
@@ -289,11 +288,9 @@ def _cached_encode(spec: str, split: str, tokenizer: Tokenizer, text_field: str,
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             offsets = np.cumsum([0] + [len(d) for d in docs])
-            fd, tmp = tempfile.mkstemp(suffix=".npz", dir=path.parent)
-            with os.fdopen(fd, "wb") as f:
+            with publish(path) as tmp, open(tmp, "wb") as f:
                 np.savez(f, flat=np.concatenate(docs) if docs else np.zeros(0, np.int64), offsets=offsets)
-            os.replace(tmp, path)
-        except OSError as err:
+        except (OSError, DepthlabError) as err:
             log.warning("could not cache tokens in %s: %s", path, err)
     return docs
 

@@ -28,10 +28,10 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from depthlab.base.errors import DepthlabError, choices, first_line
+from depthlab.base.extras import needs
+from depthlab.base.fileio import jsonl_lines
 from depthlab.data.named import NAMED_CORPORA, SHARDS_META, iter_named_documents
-from depthlab.errors import DepthlabError, choices, first_line
-from depthlab.extras import needs
-from depthlab.fileio import jsonl_lines
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def iter_documents(spec: str, split: str = "train", text_field: str = "text") ->
     """Documents (non-empty strings) of a data spec's ``split`` ("train", "val" or "all").
 
     Deterministic: the same spec and split always yield the same documents in the same order.
-    Bad specs raise :class:`depthlab.errors.DepthlabError` naming the bad value (eagerly, before the
+    Bad specs raise :class:`depthlab.base.errors.DepthlabError` naming the bad value (eagerly, before the
     first document is requested for local specs).
     """
     _check_split(split)

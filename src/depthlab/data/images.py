@@ -14,9 +14,9 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from depthlab.base.errors import DepthlabError, first_line
+from depthlab.base.extras import needs
 from depthlab.data.batches import SeededOrder
-from depthlab.errors import DepthlabError, first_line
-from depthlab.extras import needs
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 

@@ -22,8 +22,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from depthlab.base.errors import DepthlabError
 from depthlab.data.tokenizers import default_cache_dir
-from depthlab.errors import DepthlabError
 
 SHARDS_META = "shards.json"  # marks a token-shard directory (``depthlab tokenize``, named corpora)
 

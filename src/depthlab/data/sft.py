@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from depthlab.errors import DepthlabError, choices
-from depthlab.fileio import read_json_records
-from depthlab.model import IGNORE_INDEX  # the one definition (the model's loss convention)
+from depthlab.base.errors import DepthlabError, choices
+from depthlab.base.fileio import read_json_records
+from depthlab.models.decoder import IGNORE_INDEX  # the one definition (the model's loss convention)
 
 log = logging.getLogger(__name__)
 

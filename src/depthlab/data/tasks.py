@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from depthlab.errors import DepthlabError
-from depthlab.fileio import read_json_records
+from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import read_json_records
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,11 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from depthlab.errors import DepthlabError, first_line
+from depthlab.base.errors import DepthlabError, first_line
+from depthlab.base.fileio import publish
 
 log = logging.getLogger(__name__)
 
@@ -241,15 +240,10 @@ def build_tokenizer(spec: str, train_texts: Iterable[str] | None = None, cache_d
         return HFTokenizersTokenizer.load(cache, spec)
     log.info("training %s tokenizer on %d documents", spec, len(texts))
     tok = _train_bpe(size, texts, spec)
-    try:  # write to a temp dir, then rename: a concurrent or interrupted build never leaves half a cache
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache.parent))
-        tok.save(tmp)
-        try:
-            os.replace(tmp, cache)
-        except OSError:  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-    except OSError as err:
+    try:  # published whole: a concurrent or interrupted build never leaves half a cache
+        with publish(cache, directory=True, if_exists="keep") as tmp:  # "keep": another process won the race
+            tok.save(tmp)
+    except (OSError, DepthlabError) as err:
         log.warning("could not cache tokenizer in %s: %s", cache, err)
     return tok
 

@@ -1,6 +1,6 @@
 """Hugging Face interop: load HF decoders into depthlab, export depthlab models as vanilla HF."""
 
-from depthlab._lazy import lazy_exports
+from depthlab.base.lazy import lazy_exports
 
 __all__ = [
     "from_hf", "to_hf", "to_hf_model", "config_from_hf", "hf_config_for", "load_hf_model",

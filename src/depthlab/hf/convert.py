@@ -20,15 +20,15 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from depthlab.config import ModelConfig
-from depthlab.configure import scheme_option
-from depthlab.errors import DepthlabError, choices
+from depthlab.base.errors import DepthlabError, choices
 from depthlab.hf.architectures import SUPPORTED_MODEL_TYPES
 from depthlab.hf.loading import load_pretrained
-from depthlab.model import DecoderLM, model_with_weights
-from depthlab.nn.blocks import PreNormBlock
-from depthlab.nn.norms import ChannelGain, RMSNorm, ScalarGain, Scale
-from depthlab.schemes import BASELINE_SCHEME, LNS_POSITIONS, SCHEMES, scheme_names
+from depthlab.models.config import ModelConfig
+from depthlab.models.configure import scheme_option
+from depthlab.models.decoder import DecoderLM, model_with_weights
+from depthlab.models.nn.blocks import PreNormBlock
+from depthlab.models.nn.norms import ChannelGain, RMSNorm, ScalarGain, Scale
+from depthlab.models.schemes import BASELINE_SCHEME, LNS_POSITIONS, SCHEMES, scheme_names
 
 log = logging.getLogger(__name__)
 LNS_SCHEME = scheme_names(lns=True)[0]  # what an HF checkpoint marked with LNS (after-norm) loads as

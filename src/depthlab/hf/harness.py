@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from depthlab.errors import DepthlabError
-from depthlab.extras import needs
+from depthlab.base.errors import DepthlabError
+from depthlab.base.extras import needs
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from depthlab.errors import DepthlabError
+from depthlab.base.errors import DepthlabError
 from depthlab.hf.architectures import SUPPORTED_MODEL_TYPES
-from depthlab.schemes import lns_scale
+from depthlab.models.schemes import lns_scale
 
 log = logging.getLogger(__name__)
 

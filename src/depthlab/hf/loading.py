@@ -5,7 +5,7 @@
 ``from_pretrained`` on its own initialises, with a log line nobody reads, every weight its config names and
 the checkpoint lacks (a config.json claiming 6 layers over 4 layers of weights trains two random layers),
 raises a multi-line "look at the above report" on a size mismatch, and loads NaN weights. Here each of those
-is a :class:`~depthlab.errors.DepthlabError` naming the file and what differs, before anything runs.
+is a :class:`~depthlab.base.errors.DepthlabError` naming the file and what differs, before anything runs.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from depthlab.errors import DepthlabError, first_line
-from depthlab.store.integrity import first_nonfinite
+from depthlab.base.errors import DepthlabError, first_line
+from depthlab.base.store.integrity import first_nonfinite
 
 
 def _layers_of(keys: list[str]) -> list[int]:

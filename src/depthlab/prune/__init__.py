@@ -1,16 +1,16 @@
 """``depthlab prune``: from a diagnosis to a smaller model any runtime loads.
 
-    from depthlab.diagnostics import load_target
+    from depthlab.analysis.diagnostics import load_target
     from depthlab.prune import PruneOptions, prune_target
     report = prune_target(load_target("smollm2"), PruneOptions(method="removal", remove=6), "pruned/smollm2-24")
 
 Pieces: :mod:`~depthlab.prune.select` (which blocks: greedy removal, angular-block, block influence),
 :mod:`~depthlab.prune.export` (HF surgery, export, verification, latency and cost),
-:mod:`~depthlab.prune.heal` (short continued training), :mod:`~depthlab.prune.run` (pruned depthlab
-models and run directories), :mod:`~depthlab.prune.report` (prune.json, report.html).
+:mod:`~depthlab.prune.heal` (short continued training), :mod:`~depthlab.prune.pruned_run` (pruned depthlab
+models and run directories), :mod:`~depthlab.prune.prune_report` (prune.json, report.html).
 """
 
-from depthlab._lazy import lazy_exports
+from depthlab.base.lazy import lazy_exports
 
 __all__ = [
     "HEAL_MODES", "METHODS", "PRUNABLE_MODEL_TYPES", "HealOptions", "PruneOptions", "Selection", "angular_block",

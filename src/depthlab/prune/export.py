@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from depthlab.diagnostics.capture import find_layers
-from depthlab.errors import DepthlabError
+from depthlab.analysis.diagnostics.capture import find_layers
+from depthlab.base.errors import DepthlabError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ PER_LAYER_LISTS = ("layer_types", "no_rope_layers")
 def check_prunable(model: nn.Module) -> None:
     """Refuse what the surgery does not know: an unknown HF architecture, a depthlab scheme that a
     vanilla Llama cannot express."""
-    from depthlab.model import DecoderLM
+    from depthlab.models.decoder import DecoderLM
 
     if isinstance(model, DecoderLM):
         from depthlab.hf import folded_state_dict
@@ -130,7 +130,7 @@ def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False)
 
 def hf_model_of(model: nn.Module) -> nn.Module:
     """The HF model to export: a depthlab model converted (LNS folded per block), an HF one as is."""
-    from depthlab.model import DecoderLM
+    from depthlab.models.decoder import DecoderLM
 
     if isinstance(model, DecoderLM):
         from depthlab.hf import to_hf_model
@@ -180,7 +180,7 @@ def verify_export(out: str | Path, reference: nn.Module, ids: torch.Tensor, new_
 def lm_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """Logits (B, T, V) of a depthlab model or an HF causal LM (no cache), either of them possibly wrapped with
     LoRA adapters (a peft model: its base model decides how it is called)."""
-    from depthlab.model import DecoderLM
+    from depthlab.models.decoder import DecoderLM
 
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     if isinstance(base, DecoderLM):

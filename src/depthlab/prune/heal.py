@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from depthlab.errors import DepthlabError
-from depthlab.extras import needs
-from depthlab.model import IGNORE_INDEX
+from depthlab.base.errors import DepthlabError
+from depthlab.base.extras import needs
+from depthlab.models.decoder import IGNORE_INDEX
 from depthlab.prune.export import lm_logits
 from depthlab.prune.options import HealOptions
 
@@ -52,8 +52,8 @@ def _with_lora(model: nn.Module, rank: int) -> nn.Module:
 def heal(model: nn.Module, tokenizer: Any, opts: HealOptions) -> tuple[nn.Module, dict[str, Any]]:
     """Train ``model`` (a depthlab DecoderLM or an HF causal LM) for ``opts.steps`` steps on the train
     split of ``opts.data``. Returns the healed model (LoRA merged) and the loss curve."""
+    from depthlab.base.progress import progress
     from depthlab.data import load_sequences
-    from depthlab.progress import progress
 
     check_heal(opts)
     if tokenizer is None:

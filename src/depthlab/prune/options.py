@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from depthlab.errors import DepthlabError, check_int, check_number, choices
+from depthlab.base.errors import DepthlabError, check_int, check_number, choices
 
 METHODS = ("removal", "angular-block", "influence")  # how blocks are chosen (depthlab.prune.select)
 HEAL_MODES = ("full", "lora")

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from depthlab.diagnostics.capture import ResidualCapture, capture_of
-from depthlab.diagnostics.removal import joint_removal_loss
-from depthlab.errors import DepthlabError
-from depthlab.metrics import perplexity
+from depthlab.analysis.diagnostics.capture import ResidualCapture, capture_of
+from depthlab.analysis.diagnostics.removal import joint_removal_loss
+from depthlab.base.errors import DepthlabError
+from depthlab.base.metrics import perplexity
 from depthlab.prune.export import (
     check_prunable,
     cost,
@@ -49,15 +49,15 @@ def check_options(opts: PruneOptions, n_layers: int | None = None) -> None:
 
 
 def held_out_batches(target: Target, opts: PruneOptions):
-    from depthlab.diagnostics.runner import DiagnoseOptions, TextBatches
+    from depthlab.analysis.diagnostics.runner import DiagnoseOptions, TextBatches
 
     return TextBatches(target, DiagnoseOptions(data=opts.data, split="val", tokens=opts.tokens, seq_len=opts.seq_len,
                                             batch_size=opts.batch_size))
 
 
 def _bar(total: int, desc: str, enabled: bool):
-    """A bar on a terminal, ETA log lines otherwise (``depthlab.progress``)."""
-    from depthlab.progress import progress
+    """A bar on a terminal, ETA log lines otherwise (``depthlab.base.progress``)."""
+    from depthlab.base.progress import progress
 
     return progress(total, desc, "seq", enabled)
 
@@ -84,10 +84,10 @@ def choose(target: Target, opts: PruneOptions, batches) -> tuple[Survey, Selecti
 def prune_model(model: nn.Module, removed: list[int]) -> nn.Module:
     """The pruned working model: a depthlab model stays one (each kept block keeps its original depth in
     ``ModelConfig.block_depths``); an HF model loses its layers (see :func:`drop_layers`)."""
-    from depthlab.model import DecoderLM
+    from depthlab.models.decoder import DecoderLM
 
     if isinstance(model, DecoderLM):
-        from depthlab.prune.run import drop_blocks
+        from depthlab.prune.pruned_run import drop_blocks
 
         return drop_blocks(model, removed)
     return drop_layers(model, removed)
@@ -125,11 +125,11 @@ def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: s
     into ``out`` (plus ``out/run``, a depthlab run directory, for depthlab models). Returns the report.
 
     ``out`` appears whole or not at all: everything is written into a hidden sibling that is renamed to ``out``
-    once the export is verified and the report written (:func:`depthlab.store.atomic.publish_dir`), so a crash
+    once the export is verified and the report written (:func:`depthlab.base.fileio.publish_dir`), so a crash
     or ``kill -9`` never leaves a loadable, unverified half-checkpoint, and a rerun starts afresh."""
+    from depthlab.base.fileio import publish_dir
     from depthlab.hf.loading import third_party_output
-    from depthlab.prune.report import write_report
-    from depthlab.store.atomic import publish_dir
+    from depthlab.prune.prune_report import write_report
 
     t0 = time.time()
     out = Path(out)
@@ -197,10 +197,10 @@ def _latency(original: nn.Module, pruned: nn.Module, ids: torch.Tensor, new_toke
 
 
 def _maybe_run_dir(target: Target, final: nn.Module, out: Path, report: dict[str, Any]) -> str | None:
-    from depthlab.model import DecoderLM
+    from depthlab.models.decoder import DecoderLM
 
     if target.kind != "depthlab" or not isinstance(final, DecoderLM):
         return None
-    from depthlab.prune.run import write_run
+    from depthlab.prune.pruned_run import write_run
 
     return str(write_run(final, target, out / "run", report))

@@ -17,7 +17,7 @@ Methods and their sources:
 - ``angular-block``: Gromov et al. 2024, "The Unreasonable Ineffectiveness of the Deeper Layers":
   for n blocks, the contiguous run l..l+n-1 minimising d(x^l, x^{l+n}) = arccos(cos)/pi. The paper
   measures the angle at the last token of each sequence; depthlab averages it over every held-out
-  token (the matrix :mod:`depthlab.diagnostics.angular` computes). Ties go to the deeper run.
+  token (the matrix :mod:`depthlab.analysis.diagnostics.angular` computes). Ties go to the deeper run.
 - ``influence``: ShortGPT's Block Influence (Men et al. 2024, "ShortGPT: Layers in Large Language
   Models are More Redundant Than You Expect"): BI_l = 1 - E_tokens cos(x^l, x^{l+1}); the n blocks
   with the lowest BI go. Accumulated as per-block sums, batch by batch: memory does not grow with
@@ -39,11 +39,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from depthlab.diagnostics.angular import AngularAccumulator
-from depthlab.diagnostics.capture import ResidualCapture
-from depthlab.diagnostics.removal import joint_removal_loss, nll_sum
-from depthlab.errors import DepthlabError, choices
-from depthlab.model import IGNORE_INDEX
+from depthlab.analysis.diagnostics.angular import AngularAccumulator
+from depthlab.analysis.diagnostics.capture import ResidualCapture
+from depthlab.analysis.diagnostics.removal import joint_removal_loss, nll_sum
+from depthlab.base.errors import DepthlabError, choices
+from depthlab.models.decoder import IGNORE_INDEX
 from depthlab.prune.options import METHODS
 from depthlab.prune.options import check_blocks as _check_blocks
 

@@ -16,7 +16,6 @@ and renamed; ``config.json`` comes last.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import struct
@@ -25,7 +24,8 @@ from typing import Any
 
 import torch
 
-from depthlab.errors import DepthlabError
+from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import publish
 from depthlab.prune.export import _slice_config
 from depthlab.targets.layerwise import INDEX_FILE, read_header, safetensors_files
 
@@ -66,8 +66,7 @@ def _write_shard(src: Path, out: Path, keep: dict[str, str], folded: dict[str, b
         offset += size
     meta = json.dumps({"__metadata__": {"format": "pt"}, **entries}, separators=(",", ":")).encode()
     meta += b" " * (-len(meta) % 8)  # aligned, as safetensors writes it
-    tmp = out.with_name(f".tmp-{out.name}")
-    with open(src, "rb") as fin, open(tmp, "wb") as fout:
+    with publish(out) as tmp, open(src, "rb") as fin, open(tmp, "wb") as fout:
         fout.write(struct.pack("<Q", len(meta)))
         fout.write(meta)
         for name in names:
@@ -83,9 +82,6 @@ def _write_shard(src: Path, out: Path, keep: dict[str, str], folded: dict[str, b
                     raise DepthlabError(f"{str(src)!r} ends early (tensor {name}); the checkpoint is damaged")
                 fout.write(chunk)
                 left -= len(chunk)
-        fout.flush()
-        os.fsync(fout.fileno())
-    os.replace(tmp, out)
     return offset
 
 
@@ -116,7 +112,7 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
     written (files, bytes). Refuses, before writing anything, when the disk has no room for it."""
     from depthlab.hf.convert import hf_tokenizer
     from depthlab.hf.lns import SCALED_NORMS
-    from depthlab.schemes import lns_scale
+    from depthlab.models.schemes import lns_scale
 
     config, keep, lns = pruned_config(src, removed, provenance)
     renumber = {old: new for new, old in enumerate(keep)}

@@ -5,7 +5,7 @@
 
 The same choices as in memory (:func:`depthlab.prune.select.select_blocks`: greedy removal, angular-block,
 block influence, ``--blocks``; ``--remove`` or ``--budget``), measured by sweeps of the streamed engine
-(:mod:`depthlab.diagnostics.streamed`): the survey (loss, all-pairs angular distance, block influence) is
+(:mod:`depthlab.analysis.diagnostics.streamed`): the survey (loss, all-pairs angular distance, block influence) is
 one sweep; each greedy step is one sweep carrying one stream per candidate block; each joint loss is one
 sweep. The checkpoint is then cut file by file (:mod:`depthlab.prune.shards`) and checked: the logits of
 the written checkpoint, read layer by layer, against the original model with those blocks skipped; and,
@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from depthlab.diagnostics.angular import AngularAccumulator
-from depthlab.diagnostics.removal import nll_sum
-from depthlab.diagnostics.streamed import MEMORY_FRACTION, Stream, SweepBatch, Sweeper, SweepSettings, available_memory
-from depthlab.diagnostics.streamed_runner import LossConsumer, joint_loss, state_dir
-from depthlab.errors import DepthlabError
-from depthlab.metrics import perplexity
+from depthlab.analysis.diagnostics.angular import AngularAccumulator
+from depthlab.analysis.diagnostics.removal import nll_sum
+from depthlab.analysis.diagnostics.streamed import MEMORY_FRACTION, Stream, SweepBatch, Sweeper, SweepSettings, available_memory
+from depthlab.analysis.diagnostics.streamed_runner import LossConsumer, joint_loss, state_dir
+from depthlab.base.errors import DepthlabError
+from depthlab.base.metrics import perplexity
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.pipeline import check_options, held_out_batches
 from depthlab.prune.select import InfluenceAccumulator, Selection, Survey, check_blocks, select_blocks
@@ -167,9 +167,9 @@ def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, co
     """Prune ``target`` as ``opts`` says, reading it one layer at a time; write the HF checkpoint, ``prune.json``
     and ``report.html`` into ``out``, whole or not at all (a hidden sibling renamed once verified and reported;
     the sweeps' resume state lives beside it). Returns the report (:func:`depthlab.prune.prune_target`'s shape)."""
-    from depthlab.diagnostics.streamed import clear_state
-    from depthlab.prune.report import write_report
-    from depthlab.store.atomic import publish_dir
+    from depthlab.analysis.diagnostics.streamed import clear_state
+    from depthlab.base.fileio import publish_dir
+    from depthlab.prune.prune_report import write_report
 
     t0, out = time.time(), Path(out)
     check_stream_target(target, opts, out)

@@ -11,7 +11,7 @@ Modules: :mod:`~depthlab.targets.load` (``load_target``), :mod:`~depthlab.target
 all start from here.
 """
 
-from depthlab._lazy import lazy_exports
+from depthlab.base.lazy import lazy_exports
 
 __all__ = ["Target", "load_target", "load_run", "run_target", "find_layers", "SHORT_NAMES", "TARGET_FORMS"]
 

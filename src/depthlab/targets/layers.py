@@ -9,8 +9,8 @@ from typing import Any
 
 from torch import nn
 
-from depthlab.errors import DepthlabError
-from depthlab.model import SchemedModel
+from depthlab.base.errors import DepthlabError
+from depthlab.models.decoder import SchemedModel
 
 #: Where HF models keep their layer list, relative to ``model.base_model`` (tried in order).
 LAYER_PATHS: tuple[str, ...] = ("layers", "h", "blocks", "encoder.layer", "decoder.layers", "transformer.h",

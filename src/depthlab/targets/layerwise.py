@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from depthlab.errors import DepthlabError, first_line
+from depthlab.base.errors import DepthlabError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +369,7 @@ class RunLayerSource(LayerSource):
 
     def __init__(self, cfg: Any, store: TensorStore, device: torch.device, dtype: torch.dtype,
                  compute_dtype: torch.dtype) -> None:
-        from depthlab.model import DecoderLM
+        from depthlab.models.decoder import DecoderLM
 
         with torch.device("meta"):
             model = DecoderLM(cfg)
@@ -452,7 +452,7 @@ def _locate_run(path: Path) -> Located | str:
 def intact_checkpoint(path: Path) -> Path | str:
     """The checkpoint ``load_run`` would read (the newest intact one: sizes and checksums), without reading
     its tensors; or why there is none."""
-    from depthlab.store.checkpoint import CKPT_DIR, STATE, damage, list_checkpoints
+    from depthlab.base.store.checkpoint import CKPT_DIR, STATE, damage, list_checkpoints
 
     single = (path / STATE).exists()
     run = path.parent if path.name == CKPT_DIR else path
@@ -507,8 +507,8 @@ def _run_target(found: Located, name: str, store: TensorStore, device: torch.dev
     """A depthlab run: its scheme checked against the weights' metadata, its tokenizer beside the checkpoint."""
     from safetensors import safe_open
 
-    from depthlab.config import ModelConfig
     from depthlab.data.tokenizers import load_tokenizer
+    from depthlab.models.config import ModelConfig
 
     cfg = ModelConfig.from_dict(found.config["model"])
     with safe_open(str(found.files[0]), "pt") as f:

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from depthlab.errors import DepthlabError, first_line
-from depthlab.extras import needs
+from depthlab.base.errors import DepthlabError, first_line
+from depthlab.base.extras import needs
 from depthlab.hf.loading import third_party_output
-from depthlab.schemes import BASELINE_SCHEME
+from depthlab.models.schemes import BASELINE_SCHEME
 from depthlab.targets.layers import find_layers
 from depthlab.targets.target import Target
 
@@ -181,9 +181,9 @@ def _short(name: str, dtype: torch.dtype, show: bool | None) -> Target:
 
 
 def _preset(name: str, scheme: str) -> Target:
-    from depthlab.configure import from_preset
     from depthlab.data.tokenizers import ByteTokenizer
-    from depthlab.model import build_model
+    from depthlab.models.configure import from_preset
+    from depthlab.models.decoder import build_model
 
     cfg = from_preset(name.split(":", 1)[1], scheme=scheme)
     model = build_model(cfg)

@@ -3,8 +3,8 @@
     model, tokenizer, config = load_run("runs/lns")      # a run dir, its checkpoint/ or one checkpoint
     target = run_target(Path("runs/vit"), "runs/vit")     # an LM run, or a ViT run with its held-out images
 
-A run's model is rebuilt from the family and scheme its config.json names (``depthlab.families``), from the
-newest intact checkpoint (``depthlab.store.checkpoint``); weights of another scheme are refused. A ViT run is
+A run's model is rebuilt from the family and scheme its config.json names (``depthlab.models.families``), from the
+newest intact checkpoint (``depthlab.base.store.checkpoint``); weights of another scheme are refused. A ViT run is
 diagnosed on the held-out images it evaluated on: its data spec (``--data`` overrides it) split as the
 trainer splits it (``depthlab.data.images``).
 """
@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from depthlab.errors import DepthlabError
-from depthlab.families import family_named
-from depthlab.store.checkpoint import load_intact
-from depthlab.store.integrity import first_nonfinite
+from depthlab.base.errors import DepthlabError
+from depthlab.base.store.checkpoint import load_intact
+from depthlab.base.store.integrity import first_nonfinite
+from depthlab.models.families import family_named
 from depthlab.targets.target import Target
 
 log = logging.getLogger(__name__)

@@ -6,13 +6,13 @@
     model, tokenizer, config = load_run("runs/lns")
 """
 
-from depthlab._lazy import lazy_exports
+from depthlab.base.lazy import lazy_exports
 
 __all__ = ["TrainConfig", "train", "load_run", "find_checkpoint", "list_checkpoints", "TrainingDiverged",
            "lr_at", "RESUME_KEYS"]
 
 __getattr__ = lazy_exports(__name__, {
-    **dict.fromkeys(("find_checkpoint", "list_checkpoints"), "depthlab.store.checkpoint"),
+    **dict.fromkeys(("find_checkpoint", "list_checkpoints"), "depthlab.base.store.checkpoint"),
     "load_run": "depthlab.targets.runs",
     "TrainConfig": "depthlab.train.config",
     **dict.fromkeys(("RESUME_KEYS", "TrainingDiverged", "train"), "depthlab.train.loop"),

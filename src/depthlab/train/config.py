@@ -1,6 +1,6 @@
 """TrainConfig: every knob of a pre-training run, typed, commented, JSON round-trip.
 
-Fields left ``None`` are filled per preset (``depthlab.presets.TRAIN_DEFAULTS``) by :meth:`TrainConfig.resolve`
+Fields left ``None`` are filled per preset (``depthlab.models.presets.TRAIN_DEFAULTS``) by :meth:`TrainConfig.resolve`
 following docs/paper.md §4.2 (lr 1e-3 up to 250M, 5e-4 above; warm-up 10% of steps, 1% at 1B+; sequence
 length 256; global batch 512 sequences); the ``tiny`` preset gets CPU-sized defaults.
 """
@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from depthlab.config import JsonConfig, ModelConfig
-from depthlab.errors import ConfigError, check_int, choices
-from depthlab.presets import PAPER_DEFAULTS, TRAIN_DEFAULTS
+from depthlab.base.errors import ConfigError, check_int, choices
+from depthlab.models.config import JsonConfig, ModelConfig
+from depthlab.models.presets import PAPER_DEFAULTS, TRAIN_DEFAULTS
 
 OPTIMIZERS = ("adam", "adamw")
 DTYPES = ("auto", "fp32", "bf16")
@@ -49,7 +49,7 @@ class TrainConfig(JsonConfig):
     grad_clip: float | None = None  # max global grad norm; None = no clipping (paper)
     seed: int = 0  # fixes init and data order
     # ---- execution
-    device: str | None = None  # cpu | cuda | cuda:N; None = cuda when available
+    device: str | None = None  # auto (None) | cpu | cuda (the current GPU) | cuda:N | mps; auto: cuda when available
     dtype: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 (autocast; weights stay fp32)
     weights: str = "fp32"  # fp32 | bf16: weights and Adam moments in bf16, no fp32 copy; stochastic rounding
     compile: bool | None = None  # torch.compile the training forward + loss; None = auto: on a CPU for runs of 4M+ tokens
@@ -163,7 +163,7 @@ class TrainConfig(JsonConfig):
         check_int("seed", self.seed, 0, MAX_SEED)
         if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and 0 < self.grad_clip < math.inf):
             raise ConfigError(f"grad_clip must be positive or None, got {self.grad_clip!r}")
-        from depthlab.monitor.trackers import TrackerSpec  # torch-free
+        from depthlab.analysis.monitor.trackers import TrackerSpec  # torch-free
 
         TrackerSpec.of(self).require()  # a missing tracker package fails here, before anything is written
         for name, low, high in (("weight_decay", 0.0, math.inf), ("beta1", 0.0, 1.0), ("beta2", 0.0, 1.0)):
@@ -180,7 +180,7 @@ class TrainConfig(JsonConfig):
 
 def _by_size(model_cfg: ModelConfig) -> dict[str, Any]:
     """Defaults for a custom shape, by parameter count (docs/paper.md §4.2, §4.4: 5e-4 from 350M up)."""
-    from depthlab.model import num_params  # the count of the built modules
+    from depthlab.models.decoder import num_params  # the count of the built modules
 
     n = num_params(model_cfg, include_embeddings=False)
     if n < 5_000_000:

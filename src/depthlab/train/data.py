@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from depthlab.base.errors import DepthlabError
 from depthlab.data import Tokenizer, eval_token_batches, is_shard_dir, load_sequences
-from depthlab.errors import DepthlabError
 from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from depthlab.errors import ConfigError
+from depthlab.base.errors import ConfigError
 
 
 @dataclass

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from depthlab.analysis.diagnostics.probes import depth_probe
+from depthlab.base.metrics import element_variance, perplexity
 from depthlab.data import IGNORE_INDEX
-from depthlab.diagnostics.tracking import depth_probe
-from depthlab.metrics import element_variance, perplexity
 from depthlab.train import distributed as D
 from depthlab.train.step import Forward
 
@@ -89,9 +89,9 @@ class Evaluator:
     @torch.no_grad()
     def probe(self, removal: bool = True) -> dict[str, list[float]]:
         """Per-depth numbers of the fixed probe batch, blocks 1..L: ``layer_variance`` = each block's
-        output variance (:func:`~depthlab.metrics.element_variance`); with depth tracking also
+        output variance (:func:`~depthlab.base.metrics.element_variance`); with depth tracking also
         ``layer_angular``, ``layer_contribution``, ``layer_norm_gain`` and, when ``removal`` (and the
-        run tracks it), ``layer_removal`` (:func:`~depthlab.diagnostics.tracking.depth_probe`, from the
+        run tracks it), ``layer_removal`` (:func:`~depthlab.analysis.diagnostics.probes.depth_probe`, from the
         same forward)."""
         with self.forward.eval_mode():
             if self.track_depth:

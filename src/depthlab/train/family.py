@@ -1,6 +1,6 @@
 """How the trainer drives each model family: what differs between training a language model and a ViT.
 
-    tf = train_family(model_cfg)             # by the config's model family (depthlab.families)
+    tf = train_family(model_cfg)             # by the config's model family (depthlab.models.families)
     run = tf.open_run(model_cfg, train_cfg, out, resume, env)   # checks (+ tokenizer for LMs)
     data = tf.load_data(run, env)            # TrainData: .train.rank_batch(step, ...), held-out, probe batch
     model = tf.family.build(run.model_cfg, device)
@@ -9,7 +9,7 @@
 
 The loop (``depthlab.train.loop``) only ever calls these; ``config.json`` records the family's name so
 that ``load_run`` and ``diagnose`` rebuild the right model (runs written before families existed are LMs).
-Building models is :mod:`depthlab.families`; the preset tables are :mod:`depthlab.presets`.
+Building models is :mod:`depthlab.models.families`; the preset tables are :mod:`depthlab.models.presets`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from depthlab.families import Family, family_of
+from depthlab.models.families import Family, family_of
 from depthlab.train import distributed as D
 from depthlab.train import vit_family as V
 from depthlab.train.config import TrainConfig
@@ -34,7 +34,7 @@ from depthlab.train.step import Forward
 class TrainFamily:
     """How the trainer opens, feeds and evaluates runs of one model family."""
 
-    family: Family  # how its models are built (depthlab.families)
+    family: Family  # how its models are built (depthlab.models.families)
     open_run: Callable[..., Any]  # (model_cfg, train_cfg, out, resume, env) -> RunSetup
     load_data: Callable[..., TrainData]  # (run, env) -> TrainData
     loss_module: Callable[[nn.Module], nn.Module]  # model -> module(x, y, hidden, logits) -> LossOutput

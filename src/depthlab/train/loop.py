@@ -15,7 +15,6 @@ process, and a resumed run continues exactly where its checkpoint stopped.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import sys
@@ -29,12 +28,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from depthlab.config import ModelConfig
-from depthlab.errors import DepthlabError
-from depthlab.monitor.trackers import TrackerSpec
-from depthlab.store.checkpoint import load_intact, remove_stale_tmp, save_checkpoint, set_rng_state
-from depthlab.store.integrity import first_nonfinite
-from depthlab.store.lock import RunGuard, run_guard
+from depthlab.analysis.monitor.trackers import TrackerSpec
+from depthlab.base.devices import resolve_device
+from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import write_json_atomic
+from depthlab.base.store.checkpoint import load_intact, remove_stale_tmp, save_checkpoint, set_rng_state
+from depthlab.base.store.integrity import first_nonfinite
+from depthlab.base.store.lock import RunGuard, run_guard
+from depthlab.models.config import ModelConfig
 from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData
@@ -82,7 +83,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *
     input (before anything is written) and TrainingDiverged on a NaN/inf loss or non-finite weights.
     ``allow_changed``: schedule settings (lr, warmup, min_lr_ratio) a resume may change (recorded in
     config.json). The run directory is locked for the whole run (one writer; see
-    ``depthlab.store.lock``), and a fresh run whose set-up fails leaves nothing behind.
+    ``depthlab.base.store.lock``), and a fresh run whose set-up fails leaves nothing behind.
     """
     env = D.setup(train_cfg.dist, _device(train_cfg))
     try:
@@ -93,17 +94,12 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *
         D.teardown(env)
 
 
-def _device(cfg: TrainConfig, env_local_rank: int = 0) -> torch.device:
-    """``cfg.device``, else this rank's CUDA device when there is one, else the CPU."""
-    if cfg.device:
-        try:
-            dev = torch.device(cfg.device)
-        except (RuntimeError, TypeError):
-            raise DepthlabError(f"unknown device {cfg.device!r}; choose cpu, cuda, cuda:N or mps") from None
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise DepthlabError(f"device {cfg.device!r} requested but CUDA is not available")
-        return dev
-    return torch.device("cuda", env_local_rank) if torch.cuda.is_available() else torch.device("cpu")
+def _device(cfg: TrainConfig, env: D.DistEnv | None = None) -> torch.device:
+    """``cfg.device`` (unset: this rank's CUDA device when there is one, else the CPU), always indexed on CUDA
+    (:func:`depthlab.base.devices.resolve_device`); before the process group exists (``env`` None) only its type
+    counts."""
+    follow_rank = env is not None and (env.world_size > 1 or not cfg.device)
+    return resolve_device(cfg.device or "auto", rank=env.local_rank if follow_rank else None)
 
 
 def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, progress: Progress | None,
@@ -111,7 +107,7 @@ def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bo
            guard: RunGuard, start: StartFrom | None = None) -> dict[str, Any]:
     """:func:`train` inside the joined process group: set up, run the steps, write summary.json."""
     t_start = time.perf_counter()
-    device = _device(train_cfg, env.local_rank)
+    device = _device(train_cfg, env)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     family = train_family(model_cfg)  # LM or ViT: how to build, feed and evaluate (family.py)
@@ -136,7 +132,7 @@ def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bo
         session.metrics.close()
     summary = _summary(session, done, t_start)
     if env.is_main:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_json_atomic(out / "summary.json", summary)
     D.barrier(env)
     return summary
 

@@ -3,18 +3,18 @@
 One JSON object per line, each with ``step``: train lines (loss, lr, tokens, tokens_per_s,
 grad_norm), eval lines (eval_loss, eval_ppl, eval_tokens) and probe lines (layer_variance, ...).
 Each line also goes to the trackers the run names (TensorBoard, W&B, trackio:
-:mod:`depthlab.monitor.trackers`), which get the depth heatmap when the log closes.
+:mod:`depthlab.analysis.monitor.trackers`), which get the depth heatmap when the log closes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from depthlab.monitor.trackers import Trackers, TrackerSpec
+from depthlab.analysis.monitor.trackers import Trackers, TrackerSpec
+from depthlab.base.fileio import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +36,7 @@ def _truncate_after(path: Path, step: int) -> None:
             keep.append(ln)
     if torn:
         log.warning("%s: dropped %d unreadable line(s) (a write cut short)", path, torn)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write("".join(ln + "\n" for ln in keep))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
 
 class MetricsLog:

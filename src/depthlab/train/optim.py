@@ -13,8 +13,8 @@ import math
 import torch
 from torch import nn
 
-from depthlab.model import SchemedModel
-from depthlab.schemes import OptimRules, get_scheme
+from depthlab.models.decoder import SchemedModel
+from depthlab.models.schemes import OptimRules, get_scheme
 from depthlab.train.config import TrainConfig
 
 #: Devices whose Adam(W) step runs as one fused kernel (torch >= 2.4 has CPU and CUDA kernels). On this

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from depthlab.config import ModelConfig
+from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import write_json_atomic
+from depthlab.base.provenance import command_line, versions
+from depthlab.base.store.integrity import data_fingerprint, fingerprint_change
 from depthlab.data import (
     DEFAULT_TOKENIZER,
     Tokenizer,
@@ -27,10 +30,7 @@ from depthlab.data import (
     shard_meta,
     shard_path,
 )
-from depthlab.errors import DepthlabError
-from depthlab.fileio import write_json_atomic
-from depthlab.provenance import command_line, versions
-from depthlab.store.integrity import data_fingerprint, fingerprint_change
+from depthlab.models.config import ModelConfig
 from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from depthlab.config import ModelConfig
+from depthlab.base.errors import DepthlabError
 from depthlab.data import Tokenizer
-from depthlab.errors import DepthlabError
+from depthlab.models.config import ModelConfig
 from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from depthlab.base.errors import DepthlabError
 from depthlab.data.images import TrainImages, check_image_spec, load_run_images
-from depthlab.errors import DepthlabError
-from depthlab.presets import TRAIN_DEFAULTS
+from depthlab.models.presets import TRAIN_DEFAULTS
 from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData

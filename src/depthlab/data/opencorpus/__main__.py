@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from depthlab.errors import DepthlabError
+    from depthlab.base.errors import DepthlabError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:

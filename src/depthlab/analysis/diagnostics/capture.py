@@ -1,0 +1,196 @@
+"""One mechanism to read the residual stream of any layered model: hooks on its layers.
+
+    cap = ResidualCapture(model, find_layers(model), forward=lambda ids: model(ids).logits)
+    cap = capture_of(target)                        # the same for a loaded Target
+    logits, states = cap.run(input_ids)             # states[l-1] = x^l, input of block l; states[L] = output of block L
+    logits_wo_3 = cap.run_skipping(input_ids, states, {3})   # block 3 removed, blocks 4..L run again
+
+Reading: a forward *pre*-hook on every layer records its hidden-state input ``x^l`` and a forward
+hook on the last layer its output ``x^{L+1}``. This is the raw residual stream, never the model's
+``hidden_states[-1]`` (which HF decoders return after the final norm).
+
+Replay (layer removal): for the duration of one call, the ``forward`` of the first layers is
+replaced by a function that returns the *cached* input of the first removed block (no compute),
+and removed blocks pass their input straight on. The model's own ``forward`` then runs everything
+else itself: embeddings (a gather), the attention masks and rotary tables it builds for every
+layer, the remaining blocks, the final norm and the LM head (soft-capping etc. included). So the
+same code serves depthlab models and any Hugging Face decoder or encoder, with no re-implementation
+of masks or rotary embeddings that could drift from the model's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from depthlab.base.errors import DepthlabError
+from depthlab.targets.layers import find_layers
+
+
+def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    h = kwargs.get("hidden_states")
+    if isinstance(h, torch.Tensor):
+        return h
+    raise DepthlabError("a layer was called without a hidden-state tensor as first argument; cannot capture it")
+
+
+def _output_hidden(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise DepthlabError(f"a layer returned {type(out).__name__}, not a tensor or a tuple starting with one")
+
+
+@dataclass
+class LayerCall:
+    """How a layer was called in the last captured forward (for re-running it alone)."""
+
+    args: tuple  # positional arguments after the hidden states
+    kwargs: dict  # keyword arguments (masks, rotary tables, ...)
+    hidden_is_kwarg: bool  # the hidden states came as ``hidden_states=``
+    tuple_out: int  # 0: the layer returned a tensor; n: a tuple of n items
+
+    def __call__(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        if self.hidden_is_kwarg:
+            out = layer(*self.args, **{**self.kwargs, "hidden_states": h})
+        else:
+            out = layer(h, *self.args, **self.kwargs)
+        return _output_hidden(out)
+
+
+@dataclass
+class ResidualCapture:
+    """Hooks on ``layers`` of ``model``; ``forward(input_ids)`` runs the model (returns logits or None)."""
+
+    model: nn.Module
+    layers: Sequence[nn.Module]
+    forward: Callable[[torch.Tensor], torch.Tensor | None]
+    _tuple_out: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    # ------------------------------------------------------------------ reading
+    @torch.no_grad()
+    def run(self, input_ids: torch.Tensor, keep_calls: bool = False
+            ) -> tuple[torch.Tensor | None, list[torch.Tensor]] | tuple[torch.Tensor | None, list[torch.Tensor], list[LayerCall]]:
+        """Run the model once; return (its output, the L+1 residual states[, how each layer was called])."""
+        L = self.n_layers
+        states: list[torch.Tensor | None] = [None] * (L + 1)
+        calls: list[LayerCall | None] = [None] * L
+        tuple_out = [0] * L
+        handles = []
+
+        def pre(i: int):
+            def hook(_m, args, kwargs):
+                if states[i] is not None:
+                    raise DepthlabError(f"layer {i + 1} ran twice in one forward; cannot read its residual stream")
+                states[i] = _hidden_of(args, kwargs)
+                if keep_calls:
+                    kw = args == () or not isinstance(args[0], torch.Tensor)
+                    rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+                    calls[i] = LayerCall(args if kw else args[1:], rest, kw, 0)
+            return hook
+
+        def post(i: int):
+            def hook(_m, _args, _kwargs, out):
+                tuple_out[i] = len(out) if isinstance(out, (tuple, list)) else 0
+                if i == L - 1:
+                    states[L] = _output_hidden(out)
+            return hook
+
+        try:
+            for i, layer in enumerate(self.layers):
+                handles.append(layer.register_forward_pre_hook(pre(i), with_kwargs=True))
+                handles.append(layer.register_forward_hook(post(i), with_kwargs=True))
+            out = self.forward(input_ids)
+        finally:
+            for h in handles:
+                h.remove()
+        missing = [i + 1 for i, s in enumerate(states) if s is None]
+        if missing:
+            raise DepthlabError(f"the model's forward did not run block(s) {missing[:5]}; cannot read its residual stream")
+        self._tuple_out = tuple_out
+        if keep_calls:
+            for c, n in zip(calls, tuple_out):
+                c.tuple_out = n
+            return out, states, calls  # type: ignore[return-value]
+        return out, states  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ replay
+    @contextlib.contextmanager
+    def _patched(self, states: Sequence[torch.Tensor] | None, skip: Iterable[int]) -> Iterator[None]:
+        """Blocks in ``skip`` (1-based) pass their input on. With cached ``states``, the blocks before
+        the first of them are not computed either: block 1 emits the cached input of that block, the
+        others pass it on."""
+        skip = sorted(set(skip))
+        if not skip or skip[0] < 1 or skip[-1] > self.n_layers:
+            raise ValueError(f"blocks to skip must lie in 1..{self.n_layers}, got {skip}")
+        if not self._tuple_out:
+            raise RuntimeError("call run() once before replaying")
+        first = skip[0] if states is not None else 1
+        bypass = set(range(1, first)) | set(skip)
+        saved: dict[int, Any] = {}
+
+        def make(i: int):  # i: 1-based block
+            n_out, emit = self._tuple_out[i - 1], states[first - 1] if (i == 1 and first > 1) else None  # type: ignore[index]
+
+            def forward(*args, **kwargs):
+                h = emit if emit is not None else _hidden_of(args, kwargs)
+                return (h,) + (None,) * (n_out - 1) if n_out else h
+            return forward
+
+        try:
+            for i in sorted(bypass):
+                layer = self.layers[i - 1]
+                saved[i] = layer.__dict__.get("forward")  # an instance-level forward (e.g. accelerate) to restore
+                layer.forward = make(i)
+            yield
+        finally:
+            for i, old in saved.items():
+                layer = self.layers[i - 1]
+                del layer.forward
+                if old is not None:
+                    layer.forward = old
+
+    @torch.no_grad()
+    def run_skipping(self, input_ids: torch.Tensor, states: Sequence[torch.Tensor], skip: Iterable[int]) -> torch.Tensor | None:
+        """The model's output with the blocks in ``skip`` removed, reusing ``states`` (from :meth:`run`
+        on the same ``input_ids``) so that only the blocks after the first removed one are computed."""
+        with self._patched(states, skip):
+            return self.forward(input_ids)
+
+    @torch.no_grad()
+    def run_removed(self, input_ids: torch.Tensor, skip: Iterable[int]) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """:meth:`run` on the model with the blocks in ``skip`` removed: its output and its L+1 states,
+        where ``states[l-1]`` is what block l receives (a removed block's input passes on unchanged).
+        Given these states, ``run_skipping(ids, states, {m} | {s in skip if s > m})`` is the model without
+        ``skip`` and block m, computing only the blocks after m: the prefix reuse of greedy removal."""
+        skip = set(skip)
+        if not skip:
+            return self.run(input_ids)  # type: ignore[return-value]
+        if not self._tuple_out:
+            self.run(input_ids[:1, :2])  # learn the layers' output format
+        with self._patched(None, skip):
+            return self.run(input_ids)  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def run_without(self, input_ids: torch.Tensor, skip: Iterable[int]) -> torch.Tensor | None:
+        """The model's output with the blocks in ``skip`` removed, computed from scratch (no cache)."""
+        if not self._tuple_out:
+            self.run(input_ids[:1, :2])  # learn the layers' output format
+        with self._patched(None, skip):
+            return self.forward(input_ids)
+
+
+def capture_of(target: Any) -> ResidualCapture:
+    """The capture of a :class:`~depthlab.targets.Target`: hooks on its layers, its own forward."""
+    return ResidualCapture(target.model, find_layers(target.model), target.forward_fn())

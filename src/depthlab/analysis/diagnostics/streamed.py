@@ -1,0 +1,456 @@
+"""The layer-streamed engine: every live residual stream through one decoder layer at a time.
+
+    target = open_layerwise("path/to/hf-dir")                          # depthlab.targets.layerwise
+    sweeper = Sweeper(target, SweepSettings(state_dir=state_dir(out))   # .<out>.stream-state)
+    sweeper.sweep("diagnose", batches, [Stream("base"), *removal_streams(L)], keep_states=True, consumer=c)
+
+**Streams.** A stream is the residual stream of the model with a set of blocks skipped (``Stream.skip``);
+the first is the *base*. Block j of every stream uses the same weights, so the engine reads layer j once
+and applies it to every live stream that does not skip it. A stream is born as a copy of the base at the
+first layer where their skip sets differ (``block i removed``: at layer i, a copy of the base's input of
+block i), so it costs only the layers after it: the removal sweep costs sum_j j block evaluations, as the
+in-memory replay does, in one pass over the weights. At the end, every stream goes through the final
+norm and the head, and its logits go to the *consumer* (losses, multiple-choice scores); the base
+stream's L+1 states go to it too when ``keep_states`` (angular distance of all pairs, variance).
+
+**Memory.** One layer's weights (in the compute dtype) + the streams + the base states of the batches in
+flight + one layer call's activations. The streams of a batch live in one tensor (slots, B, T, D), slots
+ordered by birth so the live ones are a prefix, applied in chunks of at most ``max_rows`` token rows.
+When all batches' streams would not fit ``stream_budget`` (by default: what the free memory leaves beside
+two copies of a layer and its activations), the batches are split into groups, one pass
+over the weights each (each layer is then read once per group).
+
+**Resume.** With ``state_dir``, after each layer the live streams (and the new base state) are saved
+atomically (temporary file, fsync, rename); after each group the consumer's sums. A sweep killed at any
+point and rerun with the same inputs continues after the last saved layer, with the same numbers; a
+fingerprint (checkpoint files, dtypes, streams, the token ids) decides whether a saved state applies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import publish, write_json_atomic
+from depthlab.base.progress import progress
+
+log = logging.getLogger(__name__)
+
+#: Fraction of the free memory the streams, one layer and its activations may take.
+MEMORY_FRACTION = 0.7
+#: Activations of one layer call: at most this many bytes (and this fraction of the free memory).
+ACTIVATION_BYTES, ACTIVATION_FRACTION = 2 << 30, 0.1
+#: Token rows per layer call on a CPU. Calls of tens of thousands of rows run their element-wise work out of
+#: cache: 1.3-1.5x the time per row of calls of 2-4 thousand rows (benchmarks/streamed_8b.py --rows).
+CPU_ROWS_PER_CALL = 4096
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class Stream:
+    key: str  # e.g. "base", "removed:3", "joint:4,5"
+    skip: frozenset[int] = frozenset()  # 1-based blocks this stream skips
+
+
+def removal_streams(n_layers: int, base_skip: frozenset[int] = frozenset()) -> list[Stream]:
+    """One stream per block not in ``base_skip``: the base's skips plus that block."""
+    return [Stream(f"removed:{l}", base_skip | {l}) for l in range(1, n_layers + 1) if l not in base_skip]
+
+
+@dataclass
+class SweepBatch:
+    ids: torch.Tensor  # (B, T) token ids
+    labels: torch.Tensor | None = None  # (B, T) next-token targets of held-out text; None for other batches
+    payload: Any = None  # what the consumer needs besides (multiple choice: the chunk of choices)
+    states: bool = True  # the base stream's states of this batch go to the consumer (held-out text)
+
+
+class Consumer(Protocol):
+    """What a sweep hands its results to; its sums are saved after each group (resume)."""
+
+    def logits(self, stream: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None: ...
+
+    def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class SweepSettings:
+    state_dir: Path | None = None  # where the resume state lives (None: not resumable)
+    stream_budget: int | None = None  # bytes for the streams and kept states of a group (None: from free memory)
+    max_rows: int | None = None  # token rows per layer call (None: from the activation budget)
+    progress: bool = True  # a progress line with an ETA
+    on_layer: Callable[[str, int, int], None] | None = None  # (pass, group, layer) after each saved layer
+
+
+@dataclass
+class SweepStats:
+    """What the sweeps of one engine did (reported, and asserted by the tests)."""
+
+    passes: int = 0  # sweeps run (a resumed-and-finished one counts)
+    weight_passes: int = 0  # passes over the weights (groups of every sweep)
+    layers_computed: int = 0  # layers read and applied in this process
+    block_evals: int = 0  # (stream, batch, layer) applications
+    token_evals: int = 0  # (stream, token, layer) applications: a layer's FLOPs per token times this is the work
+    head_tokens: int = 0  # (stream, token) through the final norm and the head
+    resumed: list[dict[str, int]] = field(default_factory=list)  # {"pass", "group", "layer"} continued after
+    seconds: float = 0.0
+    stream_bytes: int = 0  # the largest group's streams + kept states
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def available_memory(device: torch.device) -> int | None:
+    """Free memory of ``device`` in bytes (CPU: MemAvailable), or None when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return None
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+
+
+# ---------------------------------------------------------------------------------------------- state
+def _atomic_save(obj: Any, path: Path) -> None:
+    with publish(path) as tmp:
+        torch.save(obj, tmp)
+
+
+class PassState:
+    """The saved progress of one sweep under ``root/<pass>``: see the module docstring (Resume)."""
+
+    def __init__(self, root: Path | None, name: str, fingerprint: str) -> None:
+        self.dir = root / name if root is not None else None
+        if self.dir is None:
+            return
+        plan = self.dir / "plan.json"
+        if self.dir.exists():
+            try:
+                same = json.loads(plan.read_text()).get("fingerprint") == fingerprint
+            except (OSError, ValueError):
+                same = False
+            if not same:
+                log.warning("discarding the saved state in %s: it was made for other inputs", self.dir)
+                shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(plan, {"fingerprint": fingerprint}, indent=None)
+
+    def _path(self, name: str) -> Path:
+        assert self.dir is not None
+        return self.dir / name
+
+    def _load(self, name: str) -> Any:
+        return torch.load(self._path(name), map_location="cpu", weights_only=True)
+
+    def done(self) -> dict[str, Any] | None:
+        return self._load("done.pt") if self.dir is not None and self._path("done.pt").is_file() else None
+
+    def last_group(self) -> tuple[int, dict[str, Any]] | None:
+        """(the last finished group, the consumer's sums after it)."""
+        if self.dir is None:
+            return None
+        found = sorted(self.dir.glob("consumer-*.pt"))
+        return (int(found[-1].stem.split("-")[1]), self._load(found[-1].name)) if found else None
+
+    def last_layer(self, group: int, keep_states: bool) -> tuple[int, list, list] | None:
+        """(last saved layer j, the live streams after it, the base states x^1..x^{j+1}) of ``group``."""
+        if self.dir is None:
+            return None
+        found = sorted(self.dir.glob(f"g{group:05d}-streams-*.pt"))
+        if not found:
+            return None
+        j = int(found[-1].stem.rsplit("-", 1)[1])
+        states = [self._load(f"g{group:05d}-states-{k:05d}.pt") for k in range(j + 1)] if keep_states else []
+        return j, self._load(found[-1].name), states
+
+    def save_layer(self, group: int, j: int, streams: list[torch.Tensor], state: list[torch.Tensor] | None) -> None:
+        if self.dir is None:
+            return
+        if state is not None:
+            _atomic_save(state, self._path(f"g{group:05d}-states-{j:05d}.pt"))
+        _atomic_save(streams, self._path(f"g{group:05d}-streams-{j:05d}.pt"))
+        if j > 0:
+            self._path(f"g{group:05d}-streams-{j - 1:05d}.pt").unlink(missing_ok=True)
+
+    def save_group(self, group: int, consumer_state: dict[str, Any], last: bool) -> None:
+        if self.dir is None:
+            return
+        _atomic_save(consumer_state, self._path("done.pt" if last else f"consumer-{group:05d}.pt"))
+        for p in [*self.dir.glob(f"g{group:05d}-*.pt"), *self.dir.glob("consumer-*.pt")]:
+            if p.name != f"consumer-{group:05d}.pt" or last:
+                p.unlink(missing_ok=True)
+
+
+def clear_state(root: Path | None) -> None:
+    """Remove the resume state once its results are written."""
+    if root is not None and root.exists():
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+@dataclass
+class _Layout:
+    """Slots of the streams (ordered by birth: the live ones are a prefix) and where each is born."""
+
+    order: list[int]  # slot -> stream index
+    born: list[int]  # slot -> layer (1-based) at which it branches off the base (0: the base; L+1: never)
+    skip: list[frozenset[int]]  # slot -> blocks it skips
+
+    @classmethod
+    def of(cls, streams: Sequence[Stream], n_layers: int) -> _Layout:
+        base = streams[0].skip
+
+        def birth(s: Stream) -> int:
+            return next((j for j in range(1, n_layers + 1) if (j in s.skip) != (j in base)), n_layers + 1)
+
+        births = [0] + [birth(s) for s in streams[1:]]
+        order = sorted(range(len(streams)), key=lambda i: (births[i], i))
+        return cls(order, [births[i] for i in order], [streams[i].skip for i in order])
+
+    def live(self, j: int) -> int:
+        """Number of live slots at layer j (the base and every stream born at or before j)."""
+        return sum(1 for b in self.born if b <= j)
+
+    def runs(self, j: int) -> list[tuple[int, int]]:
+        """Contiguous [a, b) slot ranges of the live streams that apply layer j."""
+        out: list[tuple[int, int]] = []
+        for s in range(self.live(j)):
+            if j in self.skip[s]:
+                continue
+            if out and out[-1][1] == s:
+                out[-1] = (out[-1][0], s + 1)
+            else:
+                out.append((s, s + 1))
+        return out
+
+
+class Sweeper:
+    """Runs sweeps over a :class:`~depthlab.targets.layerwise.StreamTarget`'s layers."""
+
+    def __init__(self, target: Any, settings: SweepSettings | None = None) -> None:
+        self.target, self.source = target, target.source
+        self.settings = settings or SweepSettings()
+        self.stats = SweepStats()
+        self.elem = torch.tensor([], dtype=self.source.compute_dtype).element_size()
+        self.d_model = int(target.info["d_model"])
+
+    # ------------------------------------------------------------------ planning
+    def _budget(self) -> tuple[int | None, int]:
+        """(bytes for the streams and kept states, or None when unbounded; token rows per layer call). From the
+        free memory: a fraction of it, less two layers (the weights as read and in the compute dtype) and the
+        activations of one layer call."""
+        src, s = self.source, self.settings
+        free = available_memory(self.target.device)
+        layer = max(src.layer_numel(i) for i in range(src.n_layers)) * self.elem
+        d_ff = int(self.target.info.get("d_ff") or 4 * self.d_model)
+        per_row = self.elem * (3 * d_ff + 8 * self.d_model) + 4 * int(self.target.info.get("n_heads") or 1) * 512
+        act = ACTIVATION_BYTES if free is None else min(ACTIVATION_BYTES, int(ACTIVATION_FRACTION * free))
+        rows = s.max_rows or max(1, act // per_row)
+        if not s.max_rows and self.target.device.type == "cpu":
+            rows = min(rows, CPU_ROWS_PER_CALL)
+        if s.stream_budget is not None:
+            return s.stream_budget, rows
+        if free is None:
+            return None, rows
+        return int(MEMORY_FRACTION * free) - 2 * layer - rows * per_row, rows
+
+    def _groups(self, batches: Sequence[SweepBatch], n_slots: int, keep_states: bool) -> list[range]:
+        """Consecutive batches whose streams (and kept states) fit the budget; one weight pass each."""
+        room, _ = self._budget()
+        per = [(n_slots + (self.source.n_layers + 1 if keep_states and b.states else 0)) * b.ids.numel()
+               * self.d_model * self.elem for b in batches]
+        if room is not None and per and max(per) > room:
+            raise DepthlabError(
+                f"not enough memory to stream {self.target.name!r}: one batch's {n_slots} streams need {gib(max(per))}"
+                f" beside one layer and its activations, and {gib(max(room, 0))} are left of the free memory; "
+                "lower --batch-size or --seq-len")
+        groups, start, used = [], 0, 0
+        for i, n in enumerate(per):
+            if room is not None and used + n > room and i > start:
+                groups.append(range(start, i))
+                start, used = i, 0
+            used += n
+        groups.append(range(start, len(batches)))
+        self.stats.stream_bytes = max(self.stats.stream_bytes, max((sum(per[i] for i in g) for g in groups), default=0))
+        return groups
+
+    def _fingerprint(self, name: str, batches: Sequence[SweepBatch], streams: Sequence[Stream], keep_states: bool,
+                     groups: list[range]) -> str:
+        h = hashlib.sha256()
+        files = sorted({info.file for info in self.source.store.index.values()})
+        ident = [name, keep_states, [(s.key, sorted(s.skip)) for s in streams], [(g.start, g.stop) for g in groups],
+                 str(self.source.dtype), str(self.source.compute_dtype),
+                 [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]]
+        h.update(json.dumps(ident).encode())
+        for b in batches:
+            h.update(b.ids.cpu().numpy().tobytes())
+            if b.labels is not None:
+                h.update(b.labels.cpu().numpy().tobytes())
+        return h.hexdigest()
+
+    # ------------------------------------------------------------------ the sweep
+    @torch.no_grad()
+    def sweep(self, name: str, batches: Sequence[SweepBatch], streams: Sequence[Stream], keep_states: bool,
+              consumer: Consumer) -> None:
+        """Every stream over every batch, layer by layer; results to ``consumer`` (see the module docstring)."""
+        L = self.source.n_layers
+        layout = _Layout.of(streams, L)
+        self._rows = self._budget()[1]
+        groups = self._groups(batches, len(streams), keep_states)
+        state = PassState(self._state_root(), name,
+                          self._fingerprint(name, batches, streams, keep_states, groups))
+        t0 = time.perf_counter()
+        self.stats.passes += 1
+        done = state.done()
+        if done is not None:
+            consumer.load_state_dict(done)
+            self.stats.resumed.append({"pass": name, "group": len(groups), "layer": L + 1})
+            log.info("%s: finished in an earlier run; its saved results are used", name)
+            return
+        last = state.last_group()
+        first = 0
+        if last is not None:
+            consumer.load_state_dict(last[1])
+            first = last[0] + 1
+        desc = f"{name}: {L} layers, {len(streams)} stream" + ("s" if len(streams) > 1 else "")
+        with progress(self._units(layout, batches, groups[first:]), desc, "block", self.settings.progress) as bar:
+            for g in range(first, len(groups)):
+                self._group(name, g, [batches[i] for i in groups[g]], groups[g].start, layout, keep_states, consumer,
+                            state, bar)
+                state.save_group(g, consumer.state_dict(), last=g == len(groups) - 1)
+        self.stats.seconds += time.perf_counter() - t0
+
+    def _state_root(self) -> Path | None:
+        """Where this sweep saves its progress: the settings' directory, unless its disk cannot hold the saved
+        streams and states of a group twice over (then the sweep runs without, after a warning)."""
+        root = self.settings.state_dir
+        if root is None:
+            return None
+        root.mkdir(parents=True, exist_ok=True)
+        need, free = 2 * self.stats.stream_bytes, shutil.disk_usage(root).free
+        if need > free:
+            log.warning("not saving the sweep's progress in %s: it needs about %s, %s are free (an interrupted sweep "
+                        "will start over)", root, gib(need), gib(free))
+            return None
+        return root
+
+    def _units(self, layout: _Layout, batches: Sequence[SweepBatch], groups: list[range]) -> int:
+        L = self.source.n_layers
+        per_batch = sum(sum(b - a for a, b in layout.runs(j)) for j in range(1, L + 1)) + len(layout.order)
+        return per_batch * sum(len(g) for g in groups)
+
+    def _group(self, name: str, g: int, batches: list[SweepBatch], offset: int, layout: _Layout, keep_states: bool,
+               consumer: Consumer, state: PassState, bar: Any) -> None:
+        """One pass over the weights for the batches of group ``g``."""
+        L = self.source.n_layers
+        self.stats.weight_passes += 1
+        saved = state.last_layer(g, keep_states)
+        if saved is None:
+            bufs, kept = self._embed(batches, len(layout.order)), [[] for _ in batches]
+            j0 = 0
+            self._keep(kept, bufs, batches, keep_states)
+            state.save_layer(g, 0, [b[:1] for b in bufs], _newest(kept) if keep_states else None)
+        else:
+            j0, live, saved_states = saved
+            bufs = [self._empty(b, len(layout.order)) for b in batches]
+            for buf, part in zip(bufs, live):
+                buf[: part.shape[0]] = part.to(buf.device)
+            kept = [[s[i].to(self.target.device) for s in saved_states] if keep_states and b.states else []
+                    for i, b in enumerate(batches)]
+            self.stats.resumed.append({"pass": name, "group": g, "layer": j0})
+            log.info("%s: resuming after layer %d of %d (saved in %s)", name, j0, L, state.dir)
+        for j in range(j0 + 1, L + 1):
+            self._layer(j, batches, bufs, layout, bar)
+            self._keep(kept, bufs, batches, keep_states)
+            n_live = layout.live(j)
+            state.save_layer(g, j, [b[:n_live] for b in bufs], _newest(kept) if keep_states else None)
+            if self.settings.on_layer is not None:
+                self.settings.on_layer(name, g, j)
+        self._head(batches, offset, bufs, kept, layout, consumer, bar)
+
+    def _empty(self, batch: SweepBatch, n_slots: int) -> torch.Tensor:
+        B, T = batch.ids.shape
+        return torch.empty(n_slots, B, T, self.d_model, dtype=self.source.compute_dtype, device=self.target.device)
+
+    def _embed(self, batches: list[SweepBatch], n_slots: int) -> list[torch.Tensor]:
+        bufs = []
+        with self.source.embedding() as embed:
+            for b in batches:
+                buf = self._empty(b, n_slots)
+                buf[0] = embed(b.ids.to(self.target.device))
+                bufs.append(buf)
+        return bufs
+
+    @staticmethod
+    def _keep(kept: list[list[torch.Tensor]], bufs: list[torch.Tensor], batches: list[SweepBatch], keep: bool) -> None:
+        if keep:
+            for k, buf, b in zip(kept, bufs, batches):
+                if b.states:
+                    k.append(buf[0].clone())
+
+    def _layer(self, j: int, batches: list[SweepBatch], bufs: list[torch.Tensor], layout: _Layout, bar: Any) -> None:
+        """Layer j (1-based): birth of the streams that branch here, then the layer on every stream that runs it."""
+        for s in range(len(layout.order)):
+            if layout.born[s] == j:
+                for buf in bufs:
+                    buf[s] = buf[0]
+        runs = layout.runs(j)
+        if not runs:
+            return  # every stream skips this block: it is not even read
+        max_rows = self._rows
+        with self.source.layer(j - 1) as layer:
+            for batch, buf in zip(batches, bufs):
+                B, T = batch.ids.shape
+                call = self.source.layer_calls(T)[j - 1]
+                step = max(1, max_rows // (B * T))
+                for a, b in runs:
+                    for c in range(a, b, step):
+                        d = min(b, c + step)
+                        out = call(layer, buf[c:d].reshape((d - c) * B, T, -1))
+                        buf[c:d] = out.reshape(d - c, B, T, -1)
+                        self.stats.block_evals += d - c
+                        self.stats.token_evals += (d - c) * B * T
+                        bar.update(d - c)
+        self.stats.layers_computed += 1
+
+    def _head(self, batches: list[SweepBatch], offset: int, bufs: list[torch.Tensor], kept: list[list[torch.Tensor]],
+              layout: _Layout, consumer: Consumer, bar: Any) -> None:
+        L = self.source.n_layers
+        with self.source.head() as head:
+            for i, (batch, buf) in enumerate(zip(batches, bufs)):
+                if kept[i]:
+                    consumer.states(offset + i, batch, kept[i])
+                for s, stream in enumerate(layout.order):
+                    h = buf[s] if layout.born[s] <= L else buf[0]
+                    consumer.logits(stream, offset + i, batch, head(h))
+                    self.stats.head_tokens += batch.ids.numel()
+                    bar.update(1)
+
+
+def _newest(kept: list[list[torch.Tensor]]) -> list[torch.Tensor | None]:
+    """The newest kept state of each batch (None for a batch whose states are not kept)."""
+    return [k[-1] if k else None for k in kept]

@@ -1,0 +1,244 @@
+"""``diagnose`` on a model read one layer at a time, and the choice between the two engines.
+
+    plan = plan_engine("path/to/hf-dir", device, dtype, stream=None)    # streams when it would not fit
+    target = open_layerwise("path/to/hf-dir", device, dtype, compute_dtype(device, dtype))
+    report = diagnose_streamed(target, DiagnoseOptions(tokens=256), out=Path("reports/x"))
+
+The report has the in-memory engine's shape (``depthlab.analysis.diagnostics.runner``; the same accumulators fill
+it, the same functions write it) plus ``engine``: which engine ran, why, and what it read. One sweep
+(:mod:`depthlab.analysis.diagnostics.streamed`) carries the base stream, one stream per removed block and the
+multiple-choice batches; the joint check of the removable set is one more sweep per evaluated set. Block
+Jacobians need the model in memory and are not computed when streaming.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from depthlab.analysis.diagnostics.angular import AngularAccumulator
+from depthlab.analysis.diagnostics.mc import MCAccumulator, load_mc
+from depthlab.analysis.diagnostics.options import DiagnoseOptions
+from depthlab.analysis.diagnostics.removal import RemovalAccumulator, nll_sum
+from depthlab.analysis.diagnostics.runner import TextBatches, _stream_report, _Streamed
+from depthlab.analysis.diagnostics.streamed import (
+    MEMORY_FRACTION,
+    Stream,
+    SweepBatch,
+    Sweeper,
+    SweepSettings,
+    available_memory,
+    clear_state,
+    gib,
+    removal_streams,
+)
+from depthlab.analysis.diagnostics.summary import removable_blocks, summary_sentence
+from depthlab.analysis.diagnostics.variance import VarianceAccumulator
+from depthlab.base.errors import DepthlabError
+from depthlab.targets.layerwise import StreamTarget, locate, stored_bytes
+
+log = logging.getLogger(__name__)
+
+def state_dir(out: str | Path) -> Path:
+    """Where a streamed sweep writing to ``out`` keeps its resume state: a hidden sibling of ``out``
+    (``out`` itself appears only once the report is complete)."""
+    out = Path(out)
+    return out.parent / f".{out.name}.stream-state"
+#: Weights in bf16 are computed in fp32 on a CPU, one layer upcast at a time: on this project's 2-core AMD EPYC
+#: (AVX2, no AVX512-BF16), one Llama-3-8B-shaped decoder layer on 256 tokens takes 28.4 s in bf16 and 10.1 s
+#: upcast to fp32, the upcast included (benchmarks/results/streamed_bf16_vs_fp32_cpu.json). On a GPU, bf16 stays bf16.
+CPU_COMPUTE_DTYPE = torch.float32
+JACOBIAN_NOTE = "not computed: block Jacobians need the model in memory (run with --no-stream)"
+
+
+def compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype each streamed layer computes in: the weights' on a GPU, fp32 for bf16 weights on a CPU."""
+    return CPU_COMPUTE_DTYPE if device.type == "cpu" and dtype == torch.bfloat16 else dtype
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class EnginePlan:
+    streamed: bool
+    line: str  # which engine and why, for the one-line plan
+    model_bytes: int | None = None  # the whole model in the asked dtype
+    free_bytes: int | None = None  # free memory of the device
+
+
+def plan_engine(name: str, device: torch.device, dtype: torch.dtype, stream: bool | None) -> EnginePlan:
+    """Stream when ``stream`` says so, or (None) when the model would not fit the device's free memory.
+    Raises when streaming is asked for a target that cannot stream."""
+    found = locate(name)
+    if isinstance(found, str):
+        if stream:
+            raise DepthlabError(f"--stream: cannot stream {name!r}: {found}")
+        return EnginePlan(False, "in memory" + (" (--no-stream)" if stream is False else ""))
+    need, free = stored_bytes(found, dtype), available_memory(device)
+    size = f"the model needs {gib(need)} in {str(dtype).replace('torch.', '')}" + (
+        f", {gib(free)} of {device.type} memory is free" if free is not None else "")
+    if stream is None:
+        stream = free is not None and need > MEMORY_FRACTION * free
+        why = size
+    else:
+        why = f"{'--stream' if stream else '--no-stream'}; {size}"
+    if not stream:
+        return EnginePlan(False, f"in memory ({why})", need, free)
+    return EnginePlan(True, f"streamed, one layer at a time ({why}); block Jacobians are in-memory only: off",
+                      need, free)
+
+
+# ---------------------------------------------------------------------------------------------- consumers
+class LossConsumer:
+    """Summed next-token loss of every stream over the held-out batches."""
+
+    def __init__(self, n_streams: int) -> None:
+        self.sums, self.count = [0.0] * n_streams, 0
+
+    def logits(self, stream: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
+        s, n = nll_sum(logits, batch.labels)
+        self.sums[stream] += s
+        if stream == 0:
+            self.count += n
+
+    def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None:
+        pass
+
+    def loss(self, stream: int) -> float:
+        return self.sums[stream] / max(self.count, 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sums": self.sums, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sums, self.count = list(state["sums"]), int(state["count"])
+
+
+class DiagnoseConsumer:
+    """The diagnose accumulators, fed by one sweep: stream 0 is the model, stream l the model without block l."""
+
+    def __init__(self, n_layers: int, removal: bool, mc: MCAccumulator | None) -> None:
+        self.angular, self.variance = AngularAccumulator(n_layers + 1), VarianceAccumulator(n_layers + 1)
+        self.removal = RemovalAccumulator(n_layers) if removal else None
+        self.base_loss, self.base_count, self.mc = 0.0, 0, mc
+
+    def logits(self, stream: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
+        if batch.labels is None:  # a multiple-choice batch
+            self.mc.score(stream, batch.payload, batch.ids, logits)
+            return
+        s, n = nll_sum(logits, batch.labels)
+        if self.removal is None:
+            self.base_loss, self.base_count = self.base_loss + s, self.base_count + n
+        elif stream == 0:
+            self.removal.base, self.removal.count = self.removal.base + s, self.removal.count + n
+        else:
+            self.removal.removed[stream - 1] += s
+
+    def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None:
+        self.angular.update(states)
+        self.variance.update(states)
+
+    def state_dict(self) -> dict[str, Any]:
+        v, r = self.variance, self.removal
+        out = {"angular": [self.angular.sum, self.angular.count], "base": [self.base_loss, self.base_count],
+               "variance": [v.sum, v.sumsq, v.norm_sum, v.tok_var_sum, v.tokens, v.width]}
+        if r is not None:
+            out["removal"] = [r.base, r.removed, r.count]
+        if self.mc is not None:
+            out["mc"] = [self.mc.scores, self.mc.nchars]
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.angular.sum, self.angular.count = state["angular"]
+        self.base_loss, self.base_count = state["base"]
+        v = self.variance
+        v.sum, v.sumsq, v.norm_sum, v.tok_var_sum, v.tokens, v.width = state["variance"]
+        if self.removal is not None:
+            self.removal.base, removed, self.removal.count = state["removal"]
+            self.removal.removed = list(removed)
+        if self.mc is not None:
+            self.mc.scores, self.mc.nchars = state["mc"]
+
+
+# ---------------------------------------------------------------------------------------------- diagnose
+def text_batches(target: StreamTarget, opts: DiagnoseOptions) -> tuple[TextBatches, list[SweepBatch]]:
+    """The held-out batches ``diagnose`` reads (the in-memory engine's), as sweep batches; raises on no text."""
+    batches = TextBatches(target, opts)
+    text = [SweepBatch(x, y) for x, y in batches]
+    if not text:
+        raise DepthlabError(f"data {opts.data!r} gave no {batches.split} text to evaluate (empty, or shorter than one "
+                            f"sequence of {batches.seq_len + 1} tokens)")
+    return batches, text
+
+
+def joint_loss(sweeper: Sweeper, text: list[SweepBatch], skip: list[int]) -> float:
+    """Held-out loss with the blocks ``skip`` removed together: one sweep."""
+    consumer = LossConsumer(1)
+    sweeper.sweep("joint-" + "-".join(map(str, sorted(skip))), text, [Stream("joint", frozenset(skip))], False,
+                  consumer)
+    return consumer.loss(0)
+
+
+def diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions | None = None, command: str | None = None,
+                      out: Path | None = None, settings: SweepSettings | None = None,
+                      plan: EnginePlan | None = None) -> dict[str, Any]:
+    """What :func:`~depthlab.analysis.diagnostics.diagnose` reports (Jacobians excepted), the model read one layer at
+    a time. ``out``: the report directory; the resume state lives beside it (:func:`state_dir`) while the sweep
+    runs."""
+    opts = opts or DiagnoseOptions()
+    t0 = time.time()
+    settings = settings or SweepSettings(progress=opts.progress)
+    if settings.state_dir is None and out is not None:
+        settings.state_dir = state_dir(out)
+    sweeper = Sweeper(target, settings)
+    L = target.source.n_layers
+    batches, text = text_batches(target, opts)
+    mc, mc_batches = _mc_batches(target, opts, L)
+    streams = [Stream("base"), *(removal_streams(L) if opts.removal else [])]
+    consumer = DiagnoseConsumer(L, opts.removal, mc)
+    sweeper.sweep("diagnose", text + mc_batches, streams, True, consumer)
+    acc = _Streamed(consumer.angular, consumer.variance, consumer.removal, [], consumer.base_loss, consumer.base_count)
+    if batches.short:
+        log.warning("data %r holds only %d tokens in its %s split (asked for %d): using what there is",
+                    opts.data, acc.angular.count, batches.split, opts.tokens)
+    report = _stream_report(acc, target, opts, batches, command)
+    if mc is not None:
+        report["mc"] = {**mc.result(), "file": str(opts.mc)}
+    if "removal" in report:
+        joint = (lambda skip: joint_loss(sweeper, text, skip)) if opts.joint_check else None
+        report["removal"]["removable"] = removable_blocks(report["removal"], opts.loss_budget, joint)
+    report["summary"] = summary_sentence(report, opts.identity_threshold, opts.loss_budget)
+    report["engine"] = engine_record(sweeper, plan)
+    report["seconds"] = round(time.time() - t0, 2)
+    return report
+
+
+def _mc_batches(target: StreamTarget, opts: DiagnoseOptions, L: int) -> tuple[MCAccumulator | None, list[SweepBatch]]:
+    if not opts.mc or target.tokenizer is None:
+        return None, []
+    mc = MCAccumulator(load_mc(opts.mc, opts.mc_limit), L)
+    tok = target.tokenizer
+    return mc, [SweepBatch(ids, None, chunk, states=False)
+                for chunk, ids in mc.batches(tok.encode, opts.batch_size, tok.pad_id, target.max_seq_len, tok.eos_id)]
+
+
+def engine_record(sweeper: Sweeper, plan: EnginePlan | None) -> dict[str, Any]:
+    """``report["engine"]``: which engine ran, why, and what it read and held."""
+    src, st = sweeper.source, sweeper.stats
+    return {"name": "streamed", "line": plan.line if plan is not None else "streamed, one layer at a time",
+            "compute_dtype": str(src.compute_dtype).replace("torch.", ""),
+            "weight_passes": st.weight_passes, "sweeps": st.passes, "layers_computed": st.layers_computed,
+            "block_evals": st.block_evals, "token_evals": st.token_evals, "head_tokens": st.head_tokens,
+            "bytes_read": src.store.meter.bytes_read,
+            "checkpoint_bytes": src.store.nbytes(), "peak_weight_bytes": src.store.meter.peak,
+            "stream_bytes": st.stream_bytes, "resumed": st.resumed, "sweep_seconds": round(st.seconds, 2),
+            "jacobian": JACOBIAN_NOTE}
+
+
+def finish(out: Path) -> None:
+    """The report is written: drop the resume state."""
+    clear_state(state_dir(out))

@@ -1,0 +1,177 @@
+"""Depth tracking for any training loop: how much each block does, probed on a fixed batch every N steps.
+
+    monitor = DepthMonitor(model, probe_ids, every=100)       # probe_ids (B, T + 1): inputs and next tokens
+    for step in range(1, steps + 1):
+        ...                                                   # forward, backward, optimizer step
+        scalars = monitor.step(step, last=step == steps)      # None, or {"depth/angular/block_07": ...}
+        if scalars:
+            wandb.log(scalars, step=step)                     # or any logger
+
+A probe is :func:`depthlab.analysis.diagnostics.probes.depth_probe`, the function depthlab's own trainer calls
+at its probe steps: one captured forward of the probe batch (in eval mode, without gradients; the model's
+train/eval flags are restored after) gives per block the output variance, the angular distance
+d(x^l, x^{l+1}), the contribution ‖x^{l+1} − x^l‖ / ‖x^l‖ and the pre-norm gain, and the removal sweep
+(L partial forwards reusing the captured states) the Δloss of skipping each block. The schedule is the
+trainer's too: a probe at every ``every``-th step and at the last, the removal sweep at every
+``removal_every``-th of them (and at the start and the last); so on a depthlab model, with the trainer's
+probe batch, the series equal the ones the trainer writes to metrics.jsonl.
+
+The blocks are found as the diagnostics find them (:func:`depthlab.targets.find_layers`: depthlab models,
+Hugging Face decoders and encoders, any model with a ``layers`` / ``h`` / ``transformer.h`` ModuleList);
+``layers=`` names them for other models: a dotted path (``"transformer.h"``, ``"model.layers"``) or the
+container itself (a ModuleList, or a ModuleDict such as torchtitan's ``layers``, in its order).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from depthlab.analysis.diagnostics.probes import depth_probe
+from depthlab.analysis.monitor.names import probe_scalars
+from depthlab.base.errors import DepthlabError
+from depthlab.targets.layers import find_layers
+
+LayersArg = str | nn.Module | Sequence[nn.Module] | None
+ProbeBatch = torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]
+
+
+def resolve_layers(model: nn.Module, layers: LayersArg = None) -> list[nn.Module]:
+    """The blocks of ``model`` in order: :func:`find_layers` when ``layers`` is None, else the container
+    at the dotted path ``layers`` or ``layers`` itself (ModuleList, ModuleDict, Sequential, a list)."""
+    if layers is None:
+        return list(find_layers(model))
+    found: Any = layers
+    if isinstance(layers, str):
+        found = model
+        for part in layers.split("."):
+            if not hasattr(found, part):
+                raise DepthlabError(f"layers={layers!r}: {type(found).__name__} has no attribute {part!r}; give the "
+                                    f"dotted path of the block list, e.g. 'transformer.h', 'layers', 'model.layers'")
+            found = getattr(found, part)
+    if isinstance(found, nn.ModuleDict):
+        blocks = list(found.values())
+    elif isinstance(found, nn.ModuleList | nn.Sequential | list | tuple):
+        blocks = list(found)
+    else:
+        raise DepthlabError(f"layers={layers!r} is a {type(found).__name__}; give a ModuleList, a ModuleDict, a list "
+                            f"of blocks or the dotted path of one")
+    if not blocks or not all(isinstance(b, nn.Module) for b in blocks):
+        raise DepthlabError(f"layers={layers!r} holds {len(blocks)} entries, not a non-empty list of modules")
+    return blocks
+
+
+def logits_of(out: Any) -> torch.Tensor:
+    """The logits in a model's output: the output itself, its ``.logits``, or the first item of a tuple."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise DepthlabError(f"cannot find logits in the model's output ({type(out).__name__}); pass forward=ids -> logits")
+
+
+def default_forward(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``ids -> logits`` for ``model``: ``model(ids)`` (HF models: ``use_cache=False``) read by :func:`logits_of`."""
+    if getattr(getattr(model, "config", None), "use_cache", None) is not None:
+        return lambda ids: logits_of(model(input_ids=ids, use_cache=False))
+    return lambda ids: logits_of(model(ids))
+
+
+def split_probe(batch: ProbeBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(inputs, next-token labels) of a probe batch: token windows (B, T + 1) are shifted, as ``diagnose``
+    reads held-out text; an ``(inputs, labels)`` pair is taken as it is (labels None: no removal sweep)."""
+    if isinstance(batch, tuple | list):
+        if len(batch) != 2:
+            raise DepthlabError(f"a probe batch is a (B, T+1) tensor or an (inputs, labels) pair, not {len(batch)} items")
+        return batch[0], batch[1]
+    if not isinstance(batch, torch.Tensor) or batch.dim() != 2 or batch.shape[1] < 3:
+        shape = tuple(batch.shape) if isinstance(batch, torch.Tensor) else type(batch).__name__
+        raise DepthlabError(f"probe batch {shape}: expected token ids of shape (B, T + 1) with T >= 2")
+    return batch[:, :-1], batch[:, 1:]
+
+
+class DepthMonitor:
+    """Per-block depth tracking of ``model`` on a fixed probe batch, every ``every`` steps."""
+
+    def __init__(self, model: nn.Module, probe_batch: ProbeBatch, every: int = 100, *, layers: LayersArg = None,
+                 removal: bool = True, removal_every: int = 4,
+                 forward: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise DepthlabError(f"every must be a positive number of steps, got {every!r}")
+        if not isinstance(removal_every, int) or removal_every < 0:
+            raise DepthlabError(f"removal_every must be a non-negative integer, got {removal_every!r}")
+        self.model, self.every, self.removal_every = model, every, removal_every
+        self.layers = resolve_layers(model, layers)
+        self.inputs, self.labels = split_probe(probe_batch)
+        self.removal = removal and self.labels is not None
+        self.forward = forward or default_forward(model)
+        self.records: list[dict[str, Any]] = []  # {"step": s, "layer_angular": [...], ...} per probe, as metrics.jsonl
+        self.seconds = 0.0  # time spent probing
+        self.timings: list[tuple[int, bool, float]] = []  # (step, with the removal sweep, seconds) per probe
+        self.last_step: int | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def due(self, step: int, last: bool = False) -> bool:
+        """Whether ``step`` gets a probe: every ``every``-th step and the last (each step once)."""
+        return step != self.last_step and (last or step % self.every == 0)
+
+    def removal_due(self, step: int, last: bool = False) -> bool:
+        """The trainer's schedule: the removal sweep at the start, the last step and every ``removal_every``-th probe."""
+        if not self.removal:
+            return False
+        return step == 0 or last or (self.removal_every > 0 and (step // self.every) % self.removal_every == 0)
+
+    @torch.no_grad()
+    def probe(self, removal: bool | None = None) -> dict[str, list[float | None]]:
+        """The per-block series now: ``{"layer_angular": [L floats], ...}`` (``removal``: with the Δloss
+        sweep; None = whenever the batch has labels)."""
+        removal = self.removal if removal is None else removal and self.labels is not None
+        device = _device_of(self.model)
+        flags = [(m, m.training) for m in self.model.modules()]
+        t0 = time.perf_counter()
+        self.model.eval()
+        try:
+            labels = self.labels.to(device) if self.labels is not None else None
+            return depth_probe(self.model, self.inputs.to(device), labels, removal=removal, forward=self.forward,
+                               layers=self.layers)
+        finally:
+            for m, was in flags:
+                m.training = was
+            self.seconds += time.perf_counter() - t0
+
+    def step(self, step: int, last: bool = False) -> dict[str, float] | None:
+        """After optimizer step ``step`` (0: before training): when a probe is due, run it, keep its
+        record in :attr:`records` and return its scalars (:func:`depthlab.analysis.monitor.names.probe_scalars`);
+        else None."""
+        if not self.due(step, last):
+            return None
+        removal, before = self.removal_due(step, last), self.seconds
+        series = self.probe(removal=removal)
+        self.timings.append((step, removal, self.seconds - before))
+        self.last_step = step
+        self.records.append({"step": step, **series})
+        return probe_scalars(series)
+
+    __call__ = step
+
+    def write_figure(self, path: str, title: str = "") -> Any:
+        """A block × step heatmap per tracked quantity of the probes so far (``depth_tracking.png`` of a run)."""
+        from depthlab.analysis.monitor.charts import tracking_heatmap
+
+        return tracking_heatmap(self.records, path, title)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")

@@ -1,0 +1,77 @@
+"""What every figure module shares: figure creation, resolution, saving, colours, tick spacing.
+
+Every figure colours a scheme with :func:`scheme_color`: one colour per scheme and per scheme variant, the same
+in every figure and every report (``pre`` blue and ``lns`` orange everywhere).
+
+Figures are built with :class:`matplotlib.figure.Figure` directly (never pyplot), so drawing needs no
+GUI backend and leaves matplotlib's global backend alone; :func:`save` renders through Agg.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Colormap
+from matplotlib.figure import Figure
+
+from depthlab.base.fileio import publish
+
+DPI = 130
+
+
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], **kw: Any) -> tuple[Figure, Any]:
+    """``(figure, axes)`` like ``pyplot.subplots``, without pyplot: a standalone Figure."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kw)
+
+
+def colormap(name: str) -> Colormap:
+    """A registered matplotlib colour map by name (e.g. "viridis", "tab10")."""
+    return matplotlib.colormaps[name]
+
+
+#: Fixed colours of the two schemes every report shows; the other registry schemes follow in registry order.
+_FIXED = {"pre": "#1f77b4", "lns": "#ff7f0e"}
+_PALETTE = tuple(matplotlib.colors.to_hex(c) for c in (*matplotlib.colormaps["tab10"].colors[2:],
+                                                       *matplotlib.colormaps["tab20"].colors[1::2]))
+#: Variants and names outside the registry: a stable hash into these (tab20b + tab20c).
+_HASHED = tuple(h for name in ("tab20b", "tab20c") for h in map(matplotlib.colors.to_hex, matplotlib.colormaps[name].colors)
+                if h not in _PALETTE)
+
+
+def scheme_color(label: str) -> str:
+    """The colour of a scheme (``lns``) or variant (``lns:position=after-branch``) in every figure: fixed for
+    ``pre`` and ``lns``, by registry position for the other schemes, by a stable hash of the label for a
+    variant or any other name (so it is the same in every report)."""
+    from depthlab.models.schemes import SCHEMES
+
+    if label in _FIXED:
+        return _FIXED[label]
+    others = [name for name in SCHEMES if name not in _FIXED]
+    if label in others and others.index(label) < len(_PALETTE):
+        return _PALETTE[others.index(label)]
+    return _HASHED[int(hashlib.md5(label.encode()).hexdigest(), 16) % len(_HASHED)]
+
+
+def save(fig: Figure, path: str | Path, layout: bool = True) -> Path:
+    """Lay out (unless ``layout=False``, e.g. with a shared colour bar), write ``path`` as PNG
+    through the Agg canvas (creating its folder), return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)  # attaches itself to the figure: PNG output without any GUI backend
+    if layout:
+        fig.tight_layout()
+    with publish(path) as tmp:
+        fig.savefig(tmp, dpi=DPI, bbox_inches="tight", format="png")
+    return path
+
+
+def ticks(n: int, max_ticks: int = 16) -> list[int]:
+    """1-based tick positions for n layers, at most ``max_ticks`` of them."""
+    step = max(1, math.ceil(n / max_ticks))
+    return list(range(1, n + 1, step))

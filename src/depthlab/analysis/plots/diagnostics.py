@@ -1,0 +1,133 @@
+"""Figures of ``depthlab diagnose``: plain numbers in, one PNG per function, its path out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from depthlab.analysis.plots._base import save, subplots, ticks
+
+
+def angular_heatmap(matrix: Sequence[Sequence[float | None]], path: str | Path, title: str = "") -> Path:
+    """The paper's layout: x = block l, y = n; colour = d(x^l, x^{l+n}). ``matrix[n-1][l-1]``."""
+    m = np.array([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
+    L = m.shape[1]
+    fig, ax = subplots(figsize=(6.4, 5.2))
+    im = ax.imshow(m, origin="lower", cmap="viridis", vmin=0.0, vmax=max(0.5, float(np.nanmax(m))), aspect="auto",
+                   extent=(0.5, L + 0.5, 0.5, L + 0.5), interpolation="nearest")
+    ax.set_xlabel("layer l (input of block l)")
+    ax.set_ylabel("block size n  (distance to layer l+n)")
+    ax.set_xticks(ticks(L))
+    ax.set_yticks(ticks(L))
+    fig.colorbar(im, ax=ax, label="angular distance  arccos(cos)/π")
+    ax.set_title(title or "Angular distance d(x^l, x^{l+n})", fontsize=10)
+    return save(fig, path)
+
+
+def adjacent_angular(adjacent: Sequence[float], path: str | Path, threshold: float | None = None, title: str = "") -> Path:
+    """d(x^l, x^{l+1}) per block l: how much each block turns the residual stream."""
+    L = len(adjacent)
+    fig, ax = subplots(figsize=(6.4, 3.4))
+    ax.plot(range(1, L + 1), adjacent, marker="o", ms=3.5)
+    if threshold is not None:
+        ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"near-identity threshold {threshold:g}")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("block l")
+    ax.set_ylabel("d(x^l, x^{l+1})")
+    ax.set_xticks(ticks(L))
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.set_title(title or "Adjacent-layer angular distance", fontsize=10)
+    return save(fig, path)
+
+
+def removal_drop(delta_loss: Sequence[float], path: str | Path, base_loss: float | None = None,
+                 delta_acc: Sequence[float] | None = None, title: str = "") -> Path:
+    """Held-out loss increase when block l alone is removed (log scale), and the accuracy drop."""
+    L = len(delta_loss)
+    n = 2 if delta_acc is not None else 1
+    fig, axes = subplots(n, 1, figsize=(6.4, 3.2 * n), sharex=True, squeeze=False)
+    ax = axes[0, 0]
+    d = np.asarray(delta_loss, dtype=float)
+    ax.bar(range(1, L + 1), np.clip(d, 1e-4, None), color=np.where(d > 0, "tab:blue", "tab:green"))
+    ax.set_yscale("log")
+    ax.set_ylabel("Δ loss (nats, log)")
+    ax.grid(alpha=0.3, axis="y")
+    full = f" (full model {base_loss:.3f})" if base_loss is not None else ""
+    ax.set_title(title or ("Loss increase when one block is removed" + full),
+                 fontsize=10)
+    if delta_acc is not None:
+        ax2 = axes[1, 0]
+        ax2.bar(range(1, L + 1), np.asarray(delta_acc) * 100, color="tab:orange")
+        ax2.axhline(0, color="k", lw=0.8)
+        ax2.set_ylabel("Δ accuracy (points)")
+        ax2.grid(alpha=0.3, axis="y")
+    axes[-1, 0].set_xlabel("removed block l")
+    axes[-1, 0].set_xticks(ticks(L))
+    return save(fig, path)
+
+
+def variance_growth(variance: Sequence[float], mean_norm: Sequence[float], path: str | Path, title: str = "") -> Path:
+    """Output variance of each block (state x^{l+1}; l = 0 is the embedding) and the residual norm."""
+    S = len(variance)
+    fig, (a1, a2) = subplots(1, 2, figsize=(9.6, 3.4))
+    a1.plot(range(S), variance, marker="o", ms=3.5)
+    a1.set_yscale("log")
+    a1.set_xlabel("block l  (0 = embedding output)")
+    a1.set_ylabel("variance of output")
+    a1.set_title("Layerwise output variance", fontsize=10)
+    a2.plot(range(S), mean_norm, marker="o", ms=3.5, color="tab:purple")
+    a2.set_yscale("log")
+    a2.set_xlabel("block l  (0 = embedding output)")
+    a2.set_ylabel("mean ‖x‖₂ per token")
+    a2.set_title("Residual norm growth", fontsize=10)
+    for a in (a1, a2):
+        a.set_xticks([0] + ticks(S - 1, 12))
+        a.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return save(fig, path)
+
+
+def jacobian_heatmaps(matrices: Mapping[int, np.ndarray], path: str | Path, dims: int = 64, title: str = "") -> Path:
+    """Fig 5 style: the token-averaged Jacobian of a few blocks (top-left ``dims`` x ``dims``)."""
+    layers = sorted(matrices)
+    n = len(layers)
+    fig, axes = subplots(1, n, figsize=(3.1 * n + 0.6, 3.3), squeeze=False)
+    vmax = max(float(np.abs(np.asarray(matrices[l])[:dims, :dims]).max()) for l in layers) or 1.0
+    im = None
+    for ax, l in zip(axes[0], layers):
+        m = np.asarray(matrices[l])[:dims, :dims]
+        im = ax.imshow(m, cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
+        ax.set_title(f"block {l}", fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.85, label="∂y_i/∂x_j")
+    fig.suptitle(title or f"Token-averaged block Jacobians (first {dims} dims)", fontsize=10)
+    return save(fig, path, layout=False)
+
+
+def jacobian_summary(layers: Sequence[int], rel_dist: Sequence[float], diag_share: Sequence[float], path: str | Path,
+                     rel_dist_per_token: Sequence[float] | None = None, title: str = "") -> Path:
+    """Per block: ||J - I||_F / ||I||_F (0 = identity) and the diagonal share of ||J||_F^2."""
+    fig, (a1, a2) = subplots(1, 2, figsize=(9.6, 3.4))
+    a1.plot(layers, rel_dist, marker="o", ms=3.5, label="token-averaged J")
+    if rel_dist_per_token is not None:
+        a1.plot(layers, rel_dist_per_token, marker="s", ms=3, ls="--", label="per token, averaged")
+        a1.legend(fontsize=8)
+    a1.set_xlabel("block l")
+    a1.set_ylabel("‖J − I‖_F / ‖I‖_F")
+    a1.set_ylim(bottom=0)
+    a1.set_title("Distance of the block Jacobian to the identity", fontsize=10)
+    a2.plot(layers, diag_share, marker="o", ms=3.5, color="tab:green")
+    a2.set_ylim(0, 1.02)
+    a2.set_xlabel("block l")
+    a2.set_ylabel("Σ J_ii² / ‖J‖_F²")
+    a2.set_title("Diagonal share", fontsize=10)
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return save(fig, path)

@@ -1,0 +1,230 @@
+"""``compare``: train every scheme the same way, diagnose each, and put them side by side.
+
+    from depthlab.compare import CompareConfig, compare
+    result = compare(CompareConfig(schemes=["pre", "lns"], preset="tiny"), "cmp/")
+
+Layout of the output directory::
+
+    compare.json              the resolved settings (provenance; a resumed compare must match them, but for
+                              which schemes and seeds it holds)
+    runs/<scheme>-seed<k>/    one training run each (config, metrics, checkpoint) + diagnostics/
+    summary.json, summary.md  the table (paper Table 1/6/7 shape), per seed and aggregated
+    *.png, report.html        figures and one self-contained page
+
+Every scheme gets the same seed, data order, token budget and hyper-parameters: only
+``ModelConfig.scheme`` differs. Finished runs and diagnoses are reused, so an interrupted compare
+picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+from depthlab.analysis.diagnostics import diagnose, load_target, write_report
+from depthlab.analysis.diagnostics.probes import deepest_third
+from depthlab.analysis.monitor.trackers import compare_group, log_compare
+from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import publish_dir, write_json_atomic, write_text_atomic
+from depthlab.base.store.checkpoint import list_checkpoints
+from depthlab.compare.config import CompareConfig
+from depthlab.compare.curves import compare_tracking_markdown
+from depthlab.compare.downstream import downstream_markdown, downstream_table, run_downstream
+from depthlab.compare.parallel import run_in_parallel
+from depthlab.compare.table import COLUMNS, markdown_table
+from depthlab.models.schemes import BASELINE_SCHEME, parse_scheme_spec
+from depthlab.train import train
+
+log = logging.getLogger(__name__)
+
+
+def run_name(scheme: str, seed: int) -> str:
+    """The run's key in summary.json (``lns:position=after-branch-seed0``; labels as in the table)."""
+    return f"{parse_scheme_spec(scheme).label}-seed{seed}"
+
+
+def run_dirname(scheme: str, seed: int) -> str:
+    """The run's directory under runs/: a safe name (``lns-position-after-branch-seed0``)."""
+    return f"{parse_scheme_spec(scheme).dirname}-seed{seed}"
+
+
+# ------------------------------------------------------------------------------------- running
+def _train_run(cfg: CompareConfig, scheme: str, seed: int, run_dir: Path, quiet: bool, command: str | None) -> dict:
+    if (run_dir / "summary.json").is_file():
+        log.info("%s: already trained, reusing %s", run_name(scheme, seed), run_dir)
+        return json.loads((run_dir / "summary.json").read_text())
+    resume = (run_dir / "config.json").is_file() and bool(list_checkpoints(run_dir))
+    if run_dir.exists() and not resume:
+        shutil.rmtree(run_dir)  # a run that died before its first checkpoint: nothing to keep
+    log.info("%s: %s", run_name(scheme, seed), "resuming" if resume else "training")
+    group = compare_group(cfg.train, run_dir.parent.parent)  # trackers: the runs of a compare in one group
+    return train(cfg.model_config(scheme), cfg.train.replace(seed=seed, **({"run_group": group} if group else {})),
+                 run_dir, resume=resume, quiet=quiet, command=command)
+
+
+def _diagnose_run(cfg: CompareConfig, run_dir: Path, command: str | None) -> dict:
+    out = run_dir / "diagnostics"
+    if (out / "report.json").is_file():
+        return json.loads((out / "report.json").read_text())
+    target = load_target(str(run_dir))
+    report = diagnose(target, cfg.diagnose, command=command)
+    shutil.rmtree(out, ignore_errors=True)  # a report cut short, as an older depthlab wrote them in place
+    with publish_dir(out) as tmp:  # whole or not at all: a report.json here means a whole report
+        write_report(report, tmp)
+    return json.loads((out / "report.json").read_text())
+
+
+def train_and_diagnose(cfg: CompareConfig, scheme: str, seed: int, run_dir: Path, command: str | None) -> str:
+    """One run, trained then diagnosed (what a ``--jobs`` worker does); returns its name."""
+    _train_run(cfg, scheme, seed, run_dir, True, command)
+    _diagnose_run(cfg, run_dir, command)
+    return run_name(scheme, seed)
+
+
+def run_row(scheme: str, seed: int, summary: dict, report: dict) -> dict[str, Any]:
+    """One table row, straight from a run's summary.json and its diagnostics report.json."""
+    adjacent = report["angular"]["adjacent"]
+    deep = deepest_third(len(adjacent))
+    row = {
+        "scheme": parse_scheme_spec(scheme).label, "seed": seed,
+        "eval_loss": summary["eval_loss"],
+        **{k: summary[k] for k in ("eval_ppl", "eval_acc") if k in summary},  # LM: perplexity; ViT: accuracy
+        "last_layer_variance": summary["layer_variance"][-1],
+        "deep_angular": statistics.fmean(adjacent[l - 1] for l in deep),
+        "deep_blocks": deep,
+        "tokens": summary["tokens"], "wall_s": summary["wall_s"],
+    }
+    if "removal" in report:
+        row["deep_removal_drop"] = statistics.fmean(report["removal"]["delta_loss"][l - 1] for l in deep)
+        if "delta_accuracy" in report["removal"]:
+            row["deep_removal_acc_drop"] = statistics.fmean(report["removal"]["delta_accuracy"][l - 1] for l in deep)
+    return row
+
+
+def aggregate(rows: list[dict[str, Any]], schemes: list[str]) -> list[dict[str, Any]]:
+    """Mean (and sample std when several seeds ran) per scheme; deltas vs BASELINE_SCHEME per seed
+    (kept under the keys ``delta_*_vs_pre``)."""
+    baseline = {r["seed"]: r for r in rows if r["scheme"] == BASELINE_SCHEME}
+    for r in rows:
+        if r["seed"] in baseline:
+            for key in ("eval_ppl", "eval_acc", "eval_loss"):
+                if key in r:
+                    r[f"delta_{key[5:]}_vs_pre"] = r[key] - baseline[r["seed"]][key]
+    table = []
+    for scheme in schemes:
+        mine = [r for r in rows if r["scheme"] == scheme]
+        agg: dict[str, Any] = {"scheme": scheme, "seeds": [r["seed"] for r in mine]}
+        for key in [*COLUMNS, "delta_loss_vs_pre", "tokens", "wall_s"]:
+            values = [r[key] for r in mine if r.get(key) is not None]
+            if not values:
+                continue
+            agg[key] = statistics.fmean(values)
+            if len(values) > 1:
+                agg[key + "_std"] = statistics.stdev(values)
+        table.append(agg)
+    return table
+
+
+def _changed_settings(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    """``key: saved -> now`` for every setting that differs (dotted into sections), so the refusal to
+    resume names what to change back."""
+    changed = []
+    for key in sorted(set(saved) | set(now)):
+        if key not in saved and now[key] is None:
+            continue  # a setting added since, at its automatic default: the saved compare predates it
+        old, new = saved.get(key, "<absent>"), now.get(key, "<absent>")
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed += _changed_settings(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changed.append(f"{prefix}{key}: {old!r} -> {new!r}")
+    return changed
+
+
+RUN_SET = ("schemes", "seeds")  # which runs a compare holds, not how each is trained
+
+
+def check_compare_dir(cfg: CompareConfig, out: str | Path) -> None:
+    """Refuse an ``out`` that holds something else than this compare (another compare, other settings, other
+    files), before anything is written there (the CLI calls it before it locks the directory). Other schemes
+    or seeds are not other settings: rerunning with ``--seeds 0,1`` where seed 0 ran trains seed 1 only."""
+    out = Path(out)
+    saved_path = out / "compare.json"
+    if saved_path.is_file():
+        saved = dict(json.loads(saved_path.read_text()).get("settings") or {})
+        now = json.loads(json.dumps(cfg.to_dict()))
+        for key in RUN_SET:  # each run is the shared settings + its scheme + its seed: the set may grow or shrink
+            saved.pop(key, None), now.pop(key, None)
+        changed = _changed_settings(saved, now)
+        if changed:
+            raise DepthlabError(f"{str(out)!r} holds a compare with other settings ({', '.join(changed)}); "
+                                f"give another --out or the same settings to resume it")
+    elif out.exists() and any(p.name != ".lock" for p in out.iterdir()):  # .lock: the CLI's run lock
+        raise DepthlabError(f"output directory {str(out)!r} exists and is not a compare; give a new --out")
+
+
+def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, command: str | None = None,
+            on_run: Callable[[str, int, dict], None] | None = None) -> dict[str, Any]:
+    """Train + diagnose every (scheme, seed) into ``out_dir`` and write the side-by-side report;
+    ``cfg.jobs`` runs at a time (``depthlab.compare.parallel``).
+
+    Reuses every run a previous call with the same settings finished (interrupted, or with fewer schemes
+    or seeds); the summary covers this call's schemes and seeds."""
+    cfg.validate()
+    out = Path(out_dir)
+    settings = cfg.to_dict()
+    saved_path = out / "compare.json"
+    check_compare_dir(cfg, out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(saved_path, {"settings": settings, "command": command})
+
+    todo = [(sc, seed, out / "runs" / run_dirname(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes
+            if not (out / "runs" / run_dirname(sc, seed) / "diagnostics" / "report.json").is_file()]
+    run_in_parallel(train_and_diagnose, cfg, todo, cfg.jobs, command, label=run_name)
+    rows, runs = [], {}
+    for seed in cfg.seeds:
+        for scheme in cfg.schemes:
+            run_dir = out / "runs" / run_dirname(scheme, seed)
+            summary = _train_run(cfg, scheme, seed, run_dir, quiet, command)
+            report = _diagnose_run(cfg, run_dir, command)
+            row = run_row(scheme, seed, summary, report)
+            if cfg.downstream.active:
+                row["downstream"] = run_downstream(cfg.downstream, run_dir, seed, cfg.train.device, quiet, command)
+            rows.append(row)
+            runs[run_name(scheme, seed)] = str(run_dir.relative_to(out))
+            if on_run is not None:
+                on_run(row["scheme"], seed, row)
+
+    labels = [spec.label for spec in cfg.specs()]
+    table = aggregate(rows, labels)
+    result = {"settings": settings, "command": command, "table": table, "runs": rows, "run_dirs": runs,
+              "columns": {k: v[0] for k, v in COLUMNS.items()}}
+    if cfg.downstream.active:
+        result["downstream"] = downstream_table(rows, labels)
+    write_json_atomic(out / "summary.json", result)
+    md = _summary_md(cfg, table, command) + compare_tracking_markdown(result, out, BASELINE_SCHEME)
+    write_text_atomic(out / "summary.md", md + downstream_markdown(result))
+    from depthlab.compare.page import write_compare_report  # late: matplotlib only when drawing
+
+    result["figures"] = write_compare_report(result, out)
+    write_json_atomic(out / "summary.json", result)
+    log_compare(cfg.train, out, result)  # W&B / trackio / TensorBoard, when the settings name one
+    return result
+
+
+def _summary_md(cfg: CompareConfig, table: list[dict[str, Any]], command: str | None) -> str:
+    t = cfg.train
+    return "\n".join([
+        f"# depthlab compare: {', '.join(spec.label for spec in cfg.specs())} on {cfg.preset}",
+        "",
+        f"data `{t.data}`, steps {t.steps or 'preset default'}, seeds {cfg.seeds}; "
+        f"deepest third = the last max(1, round(L/3)) blocks.",
+        "",
+        markdown_table(table),
+        "",
+        f"command: `{command}`" if command else "",
+        "",
+    ])

@@ -1,0 +1,99 @@
+"""Figures and the HTML page of a ``compare`` directory (numbers come from its runs' own files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from depthlab.analysis.plots import compare as P
+from depthlab.base import htmlpage as H
+from depthlab.base.fileio import write_text_atomic
+from depthlab.compare.curves import first_seed_runs, run_metrics, tracked_series
+from depthlab.compare.downstream import downstream_html
+from depthlab.compare.table import COLUMNS, format_cell, shown_columns
+from depthlab.models.schemes import BASELINE_SCHEME
+
+
+def write_compare_report(result: dict[str, Any], out: str | Path) -> dict[str, str]:
+    """Draw every figure into ``out`` and write ``out/report.html``; returns {figure: file name}."""
+    out = Path(out)
+    runs = first_seed_runs(result, out)
+    metrics = {s: run_metrics(d) for s, d in runs.items()}
+    reports = {s: json.loads((d / "diagnostics" / "report.json").read_text()) for s, d in runs.items()}
+    figs: dict[str, str] = {}
+
+    train = {s: ([r["step"] for r in m if "loss" in r], [r["loss"] for r in m if "loss" in r]) for s, m in metrics.items()}
+    evals = {s: ([r["step"] for r in m if "eval_loss" in r], [r["eval_loss"] for r in m if "eval_loss" in r])
+             for s, m in metrics.items()}
+    figs["loss_curves"] = P.loss_curves(train, evals, out / "loss_curves.png").name
+    final_var = {s: json.loads((d / "summary.json").read_text())["layer_variance"] for s, d in runs.items()}
+    figs["variance_by_depth"] = P.variance_by_depth(final_var, out / "variance_by_depth.png").name
+    series = {s: ([r["step"] for r in m if "layer_variance" in r], [r["layer_variance"] for r in m if "layer_variance" in r])
+              for s, m in metrics.items()}
+    if all(len(steps) for steps, _ in series.values()):
+        figs["variance_over_training"] = P.variance_over_training(series, out / "variance_over_training.png").name
+    figs["angular_heatmaps"] = P.angular_heatmaps({s: r["angular"]["matrix"] for s, r in reports.items()},
+                                                  out / "angular_heatmaps.png").name
+    tracked = tracked_series(metrics)
+    if tracked:
+        from depthlab.analysis.plots.training import TRACKED_LABELS
+
+        figs["tracking_curves"] = P.tracking_curves(tracked, TRACKED_LABELS, out / "tracking_curves.png").name
+    drops = {s: r["removal"]["delta_loss"] for s, r in reports.items() if "removal" in r}
+    if drops:
+        figs["removal_drops"] = P.removal_drops(drops, out / "removal_drops.png").name
+    write_text_atomic(out / "report.html", render(result, out, figs))
+    return figs
+
+
+def render(result: dict[str, Any], out: Path, figs: dict[str, str]) -> str:
+    s = result["settings"]
+    t = s["train"]
+    keys = shown_columns(result["table"])
+    table = H.table(["scheme", *(COLUMNS[k][0] for k in keys)],
+                    [[row["scheme"], *(format_cell(row, k) for k in keys)] for row in result["table"]])
+    acc = any("eval_acc" in r for r in result["runs"])  # ViT compares: accuracy and images, not ppl and tokens
+    per_run = H.table(["run", "held-out loss", "top-1 acc" if acc else "ppl", "images" if acc else "tokens",
+                       "train wall (s)", "diagnosis summary"],
+                      [[f"{r['scheme']} seed {r['seed']}", f"{r['eval_loss']:.4f}",
+                        f"{r['eval_acc']:.4f}" if acc else f"{r['eval_ppl']:.2f}", f"{r['tokens']:,}",
+                        f"{r['wall_s']:.0f}",
+                        _summary_of(out / result["run_dirs"][f"{r['scheme']}-seed{r['seed']}"])] for r in result["runs"]])
+    setup = H.kv_table([("schemes", ", ".join(s["schemes"])), ("preset", s["preset"]),
+                        ("model overrides", s["model_overrides"] or None), ("seeds", s["seeds"]),
+                        ("data", t["data"]), ("tokenizer", t["tokenizer"] or "default"),
+                        ("steps", t["steps"] or "preset default"),
+                        ("sequence length / batch", f"{t['seq_len'] or 'default'} / {t['batch_size'] or 'default'}"),
+                        ("learning rate", t["lr"] or "preset default"),
+                        ("diagnosis tokens", s["diagnose"]["tokens"])])
+    deep = result["runs"][0].get("deep_blocks")
+    body = [
+        f"<h1>depthlab compare — {H.esc(', '.join(s['schemes']))} on {H.esc(s['preset'])}</h1>",
+        "<p>Every scheme trained with the same seed, data order, token budget and hyper-parameters; "
+        "then diagnosed on the same held-out text.</p>",
+        "<h2>Results</h2>", table,
+        f'<p class="muted">Deepest third = blocks {H.esc(deep)}. '
+        f"Δ ppl is per seed against <code>{H.esc(BASELINE_SCHEME)}</code>. "
+        "Last-block variance is the training probe's at the final step.</p>",
+        *downstream_html(result),
+        "<h2>Loss</h2>", H.img(out / figs["loss_curves"], "loss curves"),
+        "<h2>Layerwise output variance</h2>", H.img(out / figs["variance_by_depth"], "variance by depth"),
+        H.img(out / figs["variance_over_training"], "variance during training") if "variance_over_training" in figs else "",
+        "<h2>Angular distance</h2>", H.img(out / figs["angular_heatmaps"], "angular distance heatmaps"),
+        *(["<h2>Depth over training</h2>", "<p>Deepest-third mean of each tracked quantity at every probe step "
+           "(first seed): where the curves cross is when one scheme's deep blocks start doing more.</p>",
+           H.img(out / figs["tracking_curves"], "depth over training")] if "tracking_curves" in figs else []),
+    ]
+    if "removal_drops" in figs:
+        body += ["<h2>Layer removal</h2>", H.img(out / figs["removal_drops"], "removal drop per block")]
+    body += ["<h2>Runs</h2>", per_run, "<h2>Set-up</h2>", setup,
+             "<h2>Reproduce</h2>", f"<pre>{H.esc(result.get('command') or '(library call)')}</pre>",
+             '<p class="muted">Each run directory holds its own config.json, metrics.jsonl, summary.json and '
+             "diagnostics/report.html.</p>"]
+    return H.page(f"depthlab compare — {', '.join(s['schemes'])}", body)
+
+
+def _summary_of(run_dir: Path) -> str:
+    path = run_dir / "diagnostics" / "report.json"
+    return json.loads(path.read_text()).get("summary", "") if path.is_file() else ""
