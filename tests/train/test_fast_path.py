@@ -227,7 +227,7 @@ def test_diagnose_bf16_agrees_with_fp32(deep_run, tmp_path, device, capsys):
     reports = {}
     for dtype in ("fp32", "bf16"):
         out = tmp_path / dtype
-        assert main(["diagnose", str(deep_run), "--device", device, "--dtype", dtype, "--tokens", "1024",
+        assert main(["diagnose", str(deep_run), "--device", device, "--weights", dtype, "--tokens", "1024",
                      "--seq-len", "64", "--no-jacobian", "--out", str(out)]) == 0
         reports[dtype] = json.loads((out / "report.json").read_text())
     f, b = reports["fp32"], reports["bf16"]

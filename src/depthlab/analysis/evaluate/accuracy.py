@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from depthlab.analysis.evaluate.options import SCORINGS
 from depthlab.analysis.evaluate.scoring import score_generate, score_loglik
 from depthlab.base.errors import DepthlabError, choices, first_line
 from depthlab.base.extras import needs
@@ -18,7 +19,6 @@ from depthlab.data.tasks import Task, load_task_file, parse_rows
 
 log = logging.getLogger(__name__)
 
-SCORINGS = ("loglik", "generate")
 TASK_FORMS = "a .jsonl file, " + ", ".join(BUILTIN_TASKS) + " or hf:NAME[:CONFIG[:SPLIT]]"
 
 
