@@ -96,9 +96,12 @@ def test_export_reads_the_old_dtype_as_weights_and_refuses_both(tmp_path, capsys
     assert len(err) == 1 and "write --weights fp16" in err[0]
     with safe_open(str(tmp_path / "fp16" / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
-    assert main(["export", str(run), "--hf", str(tmp_path / "auto")]) == 0  # auto: the run's own weights, fp32
+    argv = ["export", str(run), "--hf", str(tmp_path / "auto")]
+    assert main(argv) == 0  # auto: the run's own weights, fp32
     with safe_open(str(tmp_path / "auto" / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
+    marker = json.loads((tmp_path / "auto" / "config.json").read_text())["depthlab"]
+    assert marker["exported_by"] == "depthlab " + shlex.join(argv)  # its command line, as every command records it
     capsys.readouterr()
     assert main(["export", str(run), "--hf", str(tmp_path / "x"), "--weights", "bf16", "--dtype", "bf16"]) == 2
     assert "export computes nothing" in capsys.readouterr().err
@@ -129,6 +132,12 @@ def test_theory_takes_a_config_file_by_flag_or_section(tmp_path, capsys):
     assert main(["theory", "--config", str(config), "--no-empirical", "--depth", "30", "--out", str(tmp_path / "t2")]) == 0
     again = json.loads((tmp_path / "t2" / "theory.json").read_text())
     assert again["empirical"] is None and again["recursion"]["depth"] == 30  # the command line over the file
+
+
+def test_tokenize_records_its_command_line(tmp_path, capsys):
+    argv = ["tokenize", "--data", "builtin", "--tokenizer", "bytes", "--out", str(tmp_path / "shards")]
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "shards" / "shards.json").read_text())["command"] == "depthlab " + shlex.join(argv)
 
 
 def test_prune_records_its_command_line_as_every_command_does(tmp_path, capsys):

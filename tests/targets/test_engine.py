@@ -67,6 +67,10 @@ def test_options_that_contradict_the_target_are_refused_not_run_on_the_other_eng
     assert not (tmp_path / "p").exists()
     with pytest.raises(DepthlabError, match="cannot stream 'preset:tiny'"):
         load_target("preset:tiny", stream=True)
+    from depthlab.analysis.evaluate import evaluate
+
+    with pytest.raises(DepthlabError, match="stream=False asks for the in-memory engine"):  # scoring needs the model
+        evaluate(load_target(str(path), stream=True), "builtin-mc", limit=2)
 
 
 def test_the_automatic_choice_follows_the_free_memory(tmp_path, monkeypatch):

@@ -40,6 +40,7 @@ def main(args) -> int:
 
     from depthlab.base.errors import DepthlabError
     from depthlab.base.precision import torch_dtype
+    from depthlab.base.provenance import command_line
     from depthlab.cli._args import precision_of
     from depthlab.hf import to_hf
     from depthlab.train import load_run
@@ -53,7 +54,7 @@ def main(args) -> int:
         raise DepthlabError(f"output directory {str(out)!r} is not empty; give a new --hf directory")
     model, tokenizer, _ = load_run(args.run)
     dtype = next(model.parameters()).dtype if weights == "auto" else torch_dtype(weights)
-    to_hf(model, out, dtype=dtype, tokenizer=tokenizer)
+    to_hf(model, out, dtype=dtype, tokenizer=tokenizer, command=command_line(args.argv))
     print(f"wrote {out} ({model.cfg.scheme}, {model.cfg.n_layers} layers): "
           f"AutoModelForCausalLM.from_pretrained({str(out)!r}) loads it")
     return 0
