@@ -107,7 +107,7 @@ def test_prune_target_dispatches_on_the_target_and_gives_the_in_memory_choice(tm
 
 def test_bf16_arithmetic_from_fp32_weights_is_refused_and_bf16_weights_compute_as_asked(tmp_path):
     path = hf_dir(tmp_path, "llama", 2)
-    with pytest.raises(DepthlabError, match="bf16 arithmetic from fp32 weights"):
+    with pytest.raises(DepthlabError, match="bfloat16 arithmetic from float32 weights is not supported"):
         load_target(str(path), compute_dtype=torch.bfloat16)
     upcast = load_target(str(path), dtype=torch.bfloat16)  # the CPU default: each linear upcast to fp32
     plain = load_target(str(path), dtype=torch.bfloat16, compute_dtype=torch.bfloat16)  # bf16 arithmetic, as asked

@@ -137,9 +137,10 @@ def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
                             "scheme it was trained or converted with (drop --scheme)")
     device = torch.device(device)
     compute = compute_dtype or default_compute_dtype(device, dtype)
-    if compute == torch.bfloat16 and dtype == torch.float32:
-        raise DepthlabError("bf16 arithmetic from fp32 weights is not supported here; load the weights in bf16 "
-                            "(--weights bf16) or compute in fp32")
+    if compute not in (dtype, torch.float32):  # the one mixed precision here: low-precision weights computed in fp32
+        c, w = (str(t).replace("torch.", "") for t in (compute, dtype))
+        raise DepthlabError(f"{c} arithmetic from {w} weights is not supported here; hold the weights in {c} "
+                            f"(--weights) or compute in {w} or float32 (--dtype)")
     plan = plan_engine(name, device, dtype, stream)
     if plan.streamed:
         from depthlab.targets.layerwise import open_layerwise
