@@ -43,15 +43,16 @@ CHILD = textwrap.dedent("""
     C.sha256_file = counting
     run, variant, engine = sys.argv[1], sys.argv[2], sys.argv[3]
     cpu, f32 = torch.device("cpu"), torch.float32
-    t0 = time.perf_counter()
+    import transformers, safetensors  # noqa: E401 - imported before the clock starts, in both trees
+    from depthlab.targets import load_target
+    from depthlab.targets.layerwise import open_layerwise
     if variant == "old":
         from depthlab.analysis.diagnostics.streamed_runner import plan_engine
-        from depthlab.targets import load_target
-        from depthlab.targets.layerwise import open_layerwise
+    t0 = time.perf_counter()
+    if variant == "old":  # the command line before: plan (checkpoint opened), then load (opened again)
         plan = plan_engine(run, cpu, f32, engine == "streamed" or None)
         target = open_layerwise(run, cpu, f32, f32) if plan.streamed else load_target(run)
-    else:
-        from depthlab.targets import load_target
+    else:  # the library now: one call, the checkpoint opened once
         target = load_target(run, stream=True if engine == "streamed" else None)
     seconds = time.perf_counter() - t0
     kind = type(target).__name__
