@@ -7,13 +7,15 @@ usage:
     python benchmarks/train_throughput.py --preset llama-130m --seq-len 1024 --batch-size 16 --device cuda \\
         --variants pre+bf16,lns+bf16,pre+bf16+compile,lns+bf16+compile,hf+bf16,official   # benchmarks/gpu/
 
-Variants (``--variants``, comma-separated), each ``MODEL[+bf16][+compile][+sync]``:
+Variants (``--variants``, comma-separated), each ``MODEL[+bf16][+compile][+cudagraphs][+sync]``:
 - ``pre``, ``lns`` (any depthlab scheme): one optimizer step of depthlab's trainer
   (``depthlab.train.step.train_step``: its Forward, loss accumulation, lr schedule and optimizer, i.e. fused
   AdamW on CPU and CUDA); ``+bf16`` = ``--dtype bf16`` (autocast, fp32 master weights); ``+compile`` =
   ``--compile`` (forward + loss + their backward compiled with inductor; the optimizer eager), as the trainer
   compiles it (LNS's constant scales lifted to data first); ``+sync`` reads the loss after every step, as the
-  trainer did before its steps stopped waiting for the device (a host sync per step: the A/B of that change).
+  trainer did before its steps stopped waiting for the device (a host sync per step: the A/B of that change);
+  ``+cudagraphs`` compiles with ``mode="reduce-overhead"`` (the compiled forward and backward replayed as CUDA
+  graphs: no kernel launches from the host; implies ``+compile``; the trainer does not offer it yet).
 - ``hf``: a plain loop over ``transformers.LlamaForCausalLM`` of the same shape (SDPA attention): forward,
   cross-entropy, backward, ``torch.optim.AdamW`` with torch's default implementation for the device,
   zero_grad; ``+bf16`` autocasts its forward; ``+compile`` compiles its forward + loss.
@@ -96,6 +98,7 @@ class Variant:
     bf16: bool
     compile: bool
     sync: bool = False  # read the loss after every step (a host-device sync)
+    cudagraphs: bool = False  # torch.compile(mode="reduce-overhead")
 
     @property
     def dtype(self) -> str:
@@ -104,9 +107,9 @@ class Variant:
 
 def parse_variant(spec: str) -> Variant:
     model, *flags = spec.strip().split("+")
-    unknown = [f for f in flags if f not in ("bf16", "compile", "sync")]
+    unknown = [f for f in flags if f not in ("bf16", "compile", "cudagraphs", "sync")]
     if unknown or not model:
-        raise ValueError(f"variant {spec!r}: MODEL[+bf16][+compile][+sync], unknown part(s) {unknown}")
+        raise ValueError(f"variant {spec!r}: MODEL[+bf16][+compile][+cudagraphs][+sync], unknown part(s) {unknown}")
     if model == "official" and flags:
         raise ValueError("the official-style loop is pure bf16 and uncompiled by definition: no +flags")
     if model == "hf" and "sync" in flags:
@@ -115,7 +118,8 @@ def parse_variant(spec: str) -> Variant:
         from depthlab.models.schemes import get_scheme
 
         get_scheme(model)  # an unknown scheme fails here, naming the valid ones
-    return Variant(spec.strip(), model, "bf16" in flags, "compile" in flags, "sync" in flags)
+    graphs = "cudagraphs" in flags
+    return Variant(spec.strip(), model, "bf16" in flags, "compile" in flags or graphs, "sync" in flags, graphs)
 
 
 class FixedBatch:
@@ -155,7 +159,8 @@ def trainer_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device
     tcfg = TrainConfig(optimizer="adamw", lr=1e-4, warmup=0, steps=10**9, batch_size=batch, micro_batch_size=micro or batch,
                        seq_len=data.x.shape[1], device=str(device), dtype="bf16" if v.bf16 else "fp32", compile=v.compile)
     module, env = D.LMLoss(model), D.DistEnv()
-    forward = Forward(module, device, autocast_for(tcfg, device), compile_for_training(module) if v.compile else None)
+    mode = "reduce-overhead" if v.cudagraphs else None
+    forward = Forward(module, device, autocast_for(tcfg, device), compile_for_training(module, mode) if v.compile else None)
     optimizer = build_optimizer(model, tcfg, device)
     counter = iter(range(1, 10**9))
 
@@ -181,7 +186,7 @@ def hf_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device: tor
         logits = model(input_ids=inp).logits
         return F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
 
-    fwd = torch.compile(loss_fn) if v.compile else loss_fn
+    fwd = torch.compile(loss_fn, mode="reduce-overhead" if v.cudagraphs else None) if v.compile else loss_fn
 
     def step() -> None:
         x, y = data.x.to(device, non_blocking=True), data.y.to(device, non_blocking=True)
@@ -285,19 +290,28 @@ def left(args: argparse.Namespace) -> float:
 
 def warm_up(steps: dict, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
     """Run ``args.warmup`` untimed steps of each variant (compiling the compiled ones) while the budget lasts;
-    returns the first step's seconds of each variant warmed up (the others are left out of the rounds)."""
+    returns the first step's seconds of each variant warmed up (the others are left out of the rounds: the budget
+    was spent, or the variant failed; ``args.errors`` says why, in one line)."""
     first = {}
     for name, (_, step) in steps.items():
         if left(args) <= 0:
             print(f"  warm-up {name}: skipped, the --budget-s is spent", flush=True)
             continue
-        for i in range(args.warmup):
-            sync(device)
-            t0 = time.perf_counter()
-            step()
-            sync(device)
-            if i == 0:
-                first[name] = time.perf_counter() - t0
+        try:
+            for i in range(args.warmup):
+                sync(device)
+                t0 = time.perf_counter()
+                step()
+                sync(device)
+                if i == 0:
+                    first[name] = time.perf_counter() - t0
+        except Exception as err:  # noqa: BLE001 - one variant failing (e.g. out of memory) leaves the others measured
+            args.errors[name] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}"
+            first.pop(name, None)
+            print(f"  warm-up {name}: failed, {args.errors[name]}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
         print(f"  warm-up {name}: first step {first.get(name, 0):.1f}s", flush=True)
     return first
 
@@ -344,6 +358,7 @@ def summarize(variants: list[Variant], built: dict, raw: dict, peak: dict, first
     for v in variants:
         if not raw.get(v.name):
             why = "the --budget-s ran out" if args.repeats else "no timed rounds (--repeats 0: the warm-up only)"
+            why = args.errors.get(v.name, why)
             results[v.name] = {"model": v.model, "skipped": why, "first_step_s": first.get(v.name)}
             continue
         tps = [tokens_per_round / t for t in raw[v.name]]
@@ -352,7 +367,8 @@ def summarize(variants: list[Variant], built: dict, raw: dict, peak: dict, first
         tflops = med * flops_per_token(n_mm, cfg, args.seq_len) / 1e12
         step_s = args.batch_size * args.seq_len / med
         results[v.name] = {
-            "model": v.model, "bf16": v.bf16, "compile": v.compile, "sync": v.sync, "dtype": v.dtype,
+            "model": v.model, "bf16": v.bf16, "compile": v.compile, "cudagraphs": v.cudagraphs, "sync": v.sync,
+            "dtype": v.dtype,
             "tokens_per_s_median": med, "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
             "tokens_per_s_all": tps, "seconds_per_round": raw[v.name], "step_s": step_s,
             "first_step_s": first.get(v.name), "compile_s_estimate": (first[v.name] - step_s) if v.compile and v.name in first
@@ -400,6 +416,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "not started by then are left out, and what was measured is written (default: none)")
     args = p.parse_args(argv)
     args.deadline = time.perf_counter() + (args.budget_s if args.budget_s else float("inf"))
+    args.errors = {}  # variant -> why its warm-up failed
     for name in ("seq_len", "batch_size", "steps", "warmup"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

