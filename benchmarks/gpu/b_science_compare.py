@@ -11,12 +11,13 @@ lns side by side on the one GPU (``compare --jobs 2``: their compiles, evaluatio
 fills the other's idle moments), bf16 autocast, compiled, the paper's batch (512 x 256 tokens, in micro-batches of
 64), depth tracking on (angular distance, contribution, norm gain and variance at 20 probes; the removal sweep at
 every 4th), then each run's diagnosis at the paper's 262,144 tokens (on the GPU, fp32 weights) and the report.
-The number of steps is fixed before training: ``--train-s`` (default 300) x ``--tokens-per-s`` per run side by
-side (default 180,000: the H200's 455,000 tokens/s of one compiled llama-130m run at seq 256 (2026-11-26), halved,
-less a fifth for the probes, evaluations and the two processes taking turns; pass half of what call (a) measured
-for ``lns+bf16+compile``, less a fifth) / 131,072 tokens a step. Expected: ~410 steps, ~54M tokens per scheme,
-1.5 epochs of the whole corpus (35.4M training tokens), 2.1 of the first part alone. If training outruns the budget
-anyway, the compare is stopped at the deadline and the depth-tracking series written so far still come back.
+The number of steps is fixed before training: ``--train-s`` (default: ``--budget-s`` less 130 s, i.e. 300) x
+``--tokens-per-s`` per run side by side (default 180,000: the H200's 455,000 tokens/s of one compiled llama-130m
+run at seq 256 (2026-11-26), halved, less a fifth for the probes, evaluations and the two processes taking turns;
+pass half of what call (a) measured for ``lns+bf16+compile``, less a fifth) / 131,072 tokens a step. Expected:
+~410 steps, ~54M tokens per scheme, 1.5 epochs of the whole corpus (35.4M training tokens), 2.1 of the first part
+alone. If training outruns the budget anyway, the compare is stopped at the deadline and the depth-tracking
+series written so far still come back.
 
 The corpus: ``.gpu/b/corpus`` holds the tokenizer, the held-out split and training part 0 (48 MiB, 25.2M tokens);
 part 1 (19.5 MiB, 10.2M tokens) came with call (a) and waits in /tmp/depthlab-gpu/stash when the machine stayed
@@ -40,6 +41,10 @@ from common import REPO, SITE, STASH, parse, read_json, start  # noqa: E402
 
 CORPUS = Path("/tmp/depthlab-gpu/corpus")  # the carried parts and the stashed one, put together here
 H200_BF16_PEAK = 989.4e12  # dense bf16 FLOP/s of an H100 SXM / H200 (benchmarks/train_throughput.py PEAK_TFLOPS)
+#: What the call spends besides training (estimated from the H200's measurements): start-up and data 15 s, the two
+#: compiles side by side 40 s, evaluations and probes 15 s, the two diagnoses at 262,144 tokens 30 s, the report 15 s,
+#: packing 5 s, and a margin.
+OVERHEAD_S = 130.0
 DRY_MODEL = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64"]
 
 
@@ -150,13 +155,15 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--data", default=None, help="training corpus (default: the carried open-english shards, "
                        "assembled in /tmp/depthlab-gpu/corpus; else builtin)")
         p.add_argument("--preset", default="llama-130m", help="model shape (default llama-130m)")
-        p.add_argument("--train-s", type=float, default=300.0, help="training seconds of the side-by-side runs")
+        p.add_argument("--train-s", type=float, default=None, help=f"training seconds of the side-by-side runs (default: "
+                       f"--budget-s less {OVERHEAD_S:.0f} s for start-up, compiles, evaluations, diagnoses and the report)")
         p.add_argument("--tokens-per-s", type=float, default=180_000.0, help="expected tokens/s of each run side by side")
         p.add_argument("--seq-len", type=int, default=256)
         p.add_argument("--batch-size", type=int, default=512, help="global batch in sequences (paper: 512)")
         p.add_argument("--micro-batch-size", type=int, default=64)
 
     args = parse("b", __doc__.split("\n\n")[0], argv, add, budget_s=430.0)
+    args.train_s = args.train_s if args.train_s is not None else max(30.0, args.budget_s - OVERHEAD_S)
     sys.path[:0] = [str(REPO / "src"), str(SITE)]
     run = start(args, "b")
     carried = args.carry / "b" / "corpus"  # prepare.py: tokenizer, held-out split, training part 0

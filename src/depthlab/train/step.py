@@ -172,7 +172,7 @@ def read_results(results: list[StepResult]) -> list[tuple[float, float | None]]:
     """(loss, grad norm) of each step, read from the device in one transfer (one host sync for them all)."""
     if not results:
         return []
-    losses = torch.stack([r.loss_t.double() for r in results]).tolist()
+    losses = torch.stack([r.loss_t for r in results]).tolist()
     return [(loss, r.grad_norm) for loss, r in zip(losses, results)]
 
 
