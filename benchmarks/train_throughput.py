@@ -433,7 +433,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def measure(args: argparse.Namespace) -> dict:
     """Build every variant, warm up, run the interleaved rounds; the report dict."""
-    device = torch.device(args.device)
+    from depthlab.base.devices import resolve_device
+
+    device = resolve_device(args.device)  # "cuda" -> cuda:<current>
     if args.threads:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
