@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     warm = [run.spawn(f"cold compiles {chain[0][0].split()[0]} (background)",
                       ["bash", "-c", " ; ".join(shlex.join(c) for _, _, c in chain)], 150) for chain in chains]
     if not args.skip_tests:
-        run.results["pytest_rc"] = run.sh("pytest -m gpu", pytest_cmd(args), 110, log=args.out / "pytest.log")
+        run.results["pytest_rc"] = run.sh("pytest -m gpu", pytest_cmd(args), 130, log=args.out / "pytest.log")
     for job in warm:
         run.join(job)
     run.results["compile_s"] = compile_times(chains)
