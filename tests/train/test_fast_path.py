@@ -285,6 +285,7 @@ def test_compile_auto_rule_and_plan_line(monkeypatch):
     from depthlab.train import step as S
 
     monkeypatch.setattr(S.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(S, "has_triton", lambda: True)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     long = small_train("cpu", steps=S.CPU_COMPILE_TOKENS // (4 * 32))  # exactly the threshold
     short = small_train("cpu", steps=long.steps - 1)
@@ -301,6 +302,8 @@ def test_compile_auto_rule_and_plan_line(monkeypatch):
     assert 20e6 < S.CUDA_COMPILE_FLOPS / (6 * n) < 30e6  # the H200 measurement's break-even (step.py)
     monkeypatch.setattr(S.shutil, "which", lambda name: None)  # no C++ compiler: inductor cannot run on a CPU
     assert not S.choose_compile(long, cpu) and S.choose_compile(small_train("cuda", steps=at), cuda, n)
+    monkeypatch.setattr(S, "has_triton", lambda: False)  # no Triton: inductor cannot run on CUDA
+    assert not S.choose_compile(small_train("cuda", steps=at), cuda, n)
     plan = S.execution_plan(long.replace(compile=True), cpu, compile_auto=True)
     assert plan.startswith("cpu, fp32, compiled (auto: 4.0M tokens") and plan.endswith("fused adam")
     plan = S.execution_plan(small_train("cuda", steps=at, compile=True, dtype="auto"), cuda, True, n)

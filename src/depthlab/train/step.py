@@ -12,6 +12,7 @@ computes the same update as one process.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import shutil
 from collections.abc import Callable, Iterator
@@ -123,15 +124,21 @@ CPU_COMPILE_TOKENS = 4_000_000
 CUDA_COMPILE_FLOPS = 2e16
 
 
+def has_triton() -> bool:
+    """Whether Triton, inductor's compiler for CUDA kernels, is installed."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def choose_compile(cfg: TrainConfig, device: torch.device, n_params: int = 0) -> bool:
-    """``cfg.compile`` when set; auto (None): on CUDA for a run of at least :data:`CUDA_COMPILE_FLOPS` training
-    FLOPs (``n_params``: the model's parameter count), on a CPU with a C++ compiler (inductor needs one) for a run of
-    at least :data:`CPU_COMPILE_TOKENS` tokens, else eager (and never with bf16 weights)."""
+    """``cfg.compile`` when set; auto (None): on CUDA with Triton (inductor's GPU compiler) for a run of at least
+    :data:`CUDA_COMPILE_FLOPS` training FLOPs (``n_params``: the model's parameter count), on a CPU with a C++
+    compiler (inductor's CPU one) for a run of at least :data:`CPU_COMPILE_TOKENS` tokens, else eager (and never with
+    bf16 weights)."""
     if cfg.compile is not None or cfg.weights == "bf16":
         return bool(cfg.compile)
     tokens = (cfg.steps or 0) * (cfg.batch_size or 0) * (cfg.seq_len or 0)
     if device.type == "cuda":
-        return 6.0 * n_params * tokens >= CUDA_COMPILE_FLOPS
+        return 6.0 * n_params * tokens >= CUDA_COMPILE_FLOPS and has_triton()
     has_cxx = any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
     return device.type == "cpu" and tokens >= CPU_COMPILE_TOKENS and has_cxx
 
