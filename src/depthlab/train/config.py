@@ -52,7 +52,7 @@ class TrainConfig(JsonConfig):
     device: str | None = None  # auto (None) | cpu | cuda (the current GPU) | cuda:N | mps; auto: cuda when available
     dtype: str = "auto"  # compute precision: auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 (autocast, over fp32 or bf16 weights)
     weights: str = "auto"  # weight dtype: auto (fp32) | fp32 | bf16 (with Adam's moments; no fp32 copy, stochastic rounding)
-    compile: bool | None = None  # torch.compile the training forward + loss; None = auto: on a CPU for runs of 4M+ tokens
+    compile: bool | None = None  # torch.compile forward + loss; None = auto: CUDA from 2e16 training FLOPs, CPU from 4M tokens
     dist: str = "none"  # none | ddp | fsdp (under torchrun)
     # ---- evaluation, metrics, checkpoints
     eval_every: int | None = None  # steps between held-out evaluations; None = steps // 5; 0 = only at the end
