@@ -12,7 +12,7 @@
    128,256, RoPE theta 500,000; seeded N(0, 0.02) weights, unit norms; bf16 safetensors shards of ~5 GB, a
    byte-level tokenizer) into ``--cache-dir``, tensor by tensor in row chunks (a few hundred MB of memory),
    never into the repository; an existing complete checkpoint is reused;
-2. runs ``depthlab diagnose DIR --stream --dtype bf16 --tokens 256`` (all-pairs angular distance, the full
+2. runs ``depthlab diagnose DIR --stream --weights bf16 --tokens 256`` (all-pairs angular distance, the full
    removal sweep, no joint check) and ``depthlab prune DIR --remove 8 --method angular-block --stream``, each in
    a child process: wall time, peak RSS (``os.wait4``), bytes of weights read, achieved FLOP/s of the sweep;
 3. measures this machine's fp32 matmul throughput for the same shapes (the layer's seven projections at the
@@ -317,7 +317,7 @@ def run_big(mode: str, args: argparse.Namespace) -> dict:
     ckpt = write_checkpoint(cache, s)
     for sub in ("diagnose", "pruned"):
         shutil.rmtree(out / sub, ignore_errors=True)
-    common = ["--stream", "--dtype", "bf16", "--tokens", str(T), "--seq-len", str(T), "--batch-size", "1"]
+    common = ["--stream", "--weights", "bf16", "--tokens", str(T), "--seq-len", str(T), "--batch-size", "1"]
     diag = run_child(depthlab("diagnose", str(cache), *common, "--no-joint-check", "--out", str(out / "diagnose")),
                      out / "diagnose.log")
     rep = json.loads((out / "diagnose" / "report.json").read_text())

@@ -125,6 +125,54 @@ def test_adding_a_seed_trains_only_the_new_runs(finished, tmp_path, monkeypatch)
     assert json.loads((grown / "compare.json").read_text())["settings"]["seeds"] == [0, 1]
 
 
+def test_a_scheme_variant_is_parsed_once_and_compare_json_keeps_its_labels(finished, tmp_path, monkeypatch):
+    """CompareConfig parses each variant when it is made; a compare that reuses every run parses none again."""
+    import shutil
+
+    import depthlab.models.configure as configure
+    import depthlab.models.schemes as schemes
+    from depthlab.models.schemes import SchemeSpec
+
+    calls = []
+    original = schemes.parse_scheme_spec
+
+    def counting(text):
+        calls.append(text)
+        return original(text)
+
+    monkeypatch.setattr(schemes, "parse_scheme_spec", counting)
+    monkeypatch.setattr(configure, "parse_scheme_spec", counting)
+    cfg = small_config(("pre", "lns:position=after-norm"))  # a default option: the plain lns variant
+    assert calls == ["pre", "lns:position=after-norm"] and cfg.schemes == [SchemeSpec("pre"), SchemeSpec("lns")]
+    assert cfg.to_dict()["schemes"] == ["pre", "lns"] and cfg.to_dict()["train"]["weights"] == "fp32"
+    out, result, _ = finished
+    reused = tmp_path / "cmp"
+    shutil.copytree(out, reused)
+    calls.clear()
+    monkeypatch.setattr(C, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    again = compare(cfg, reused)
+    assert calls == []  # nothing downstream parses a scheme string again
+    assert [r["eval_loss"] for r in again["runs"]] == [r["eval_loss"] for r in result["runs"]]
+
+
+def test_an_older_compare_json_still_resumes(finished, tmp_path, monkeypatch):
+    """compare.json as older releases wrote it: each variant as typed (an alias, a default option), and the train
+    settings without the automatic weights: the runs are found and reused."""
+    import shutil
+
+    out, result, _ = finished
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    saved = json.loads((old / "compare.json").read_text())
+    saved["settings"]["schemes"] = ["pre", "lns:lns_position=after-norm"]
+    saved["settings"]["train"]["weights"] = "fp32"
+    (old / "compare.json").write_text(json.dumps(saved))
+    monkeypatch.setattr(C, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    again = compare(small_config(("pre", "lns:lns_position=after-norm")), old)
+    assert [r["scheme"] for r in again["table"]] == ["pre", "lns"]
+    assert [r["eval_loss"] for r in again["runs"]] == [r["eval_loss"] for r in result["runs"]]
+
+
 def test_other_settings_in_the_same_directory_are_refused(finished):
     out, _, _ = finished
     cfg = small_config()

@@ -1,4 +1,4 @@
-"""The fast path, proven where it runs: ``--compile``, ``--dtype bf16``, the fused Adam(W), ``diagnose --dtype bf16``.
+"""The fast path, proven where it runs: ``--compile``, ``--dtype bf16``, the fused Adam(W), ``diagnose --weights bf16``.
 
 Every test runs on the CPU; the same tests run on CUDA under ``pytest -m gpu`` (skipped without a GPU),
 with two more there: SDPA takes a flash or cuDNN kernel for the causal case, and a checkpoint written on
@@ -18,7 +18,7 @@ Tolerances (stated once, used below):
 - ``BF16_TOL``: |loss_bf16 - loss_fp32| per step: bf16 keeps 8 mantissa bits (relative rounding 2^-9),
   autocast runs the matmuls in it; over 20 steps the per-step losses (about 5 nats, means over 128
   tokens) stay within 5e-3 nats (measured 9e-4), while pre and lns differ by 2e-2.
-- ``ANGULAR_TOL`` and the removal ranking for ``diagnose --dtype bf16`` (weights cast to bf16, not
+- ``ANGULAR_TOL`` and the removal ranking for ``diagnose --weights bf16`` (weights cast to bf16, not
   autocast): angular distances in [0, 1] agree within 0.01 (measured 1e-4); the blocks ordered by removal
   Δloss agree wherever their fp32 Δloss differ by more than ``REMOVAL_TIE`` nats (bf16 moves a Δloss by
   up to 3e-4 here).
@@ -208,7 +208,7 @@ def test_fused_adam_matches_foreach(device, optimizer, decay):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-# ------------------------------------------------------------------------------ diagnose --dtype bf16
+# ------------------------------------------------------------------------------ diagnose --weights bf16
 @pytest.fixture(scope="module")
 def deep_run(tmp_path_factory):
     """A 6-block LNS model trained 30 steps: blocks that differ in what they do, so removal has an order."""
@@ -228,7 +228,7 @@ def test_diagnose_bf16_agrees_with_fp32(deep_run, tmp_path, device, capsys):
     reports = {}
     for dtype in ("fp32", "bf16"):
         out = tmp_path / dtype
-        assert main(["diagnose", str(deep_run), "--device", device, "--dtype", dtype, "--tokens", "1024",
+        assert main(["diagnose", str(deep_run), "--device", device, "--weights", dtype, "--tokens", "1024",
                      "--seq-len", "64", "--no-jacobian", "--out", str(out)]) == 0
         reports[dtype] = json.loads((out / "report.json").read_text())
     f, b = reports["fp32"], reports["bf16"]

@@ -30,6 +30,7 @@ each run with its diagnostics. Run the same command again to resume an interrupt
 
 #: The flags, each derived from a field of the settings (``depthlab.cli._options``).
 COMPARE = Section("compare", CompareConfig, include=("schemes", "preset", "seeds", "jobs"), title="comparison",
+                  types={"schemes": "list[str]"},  # CompareConfig parses each variant, once
                   helps={"schemes": "comma-separated scheme variants NAME[:KEY=VALUE...], e.g. pre,lns,"
                                     "lns:position=after-branch (required)",
                          "preset": "model preset of every run (default tiny): an LM preset or vit-tiny / vit-s",

@@ -37,24 +37,24 @@ from depthlab.compare.curves import compare_tracking_markdown
 from depthlab.compare.downstream import downstream_markdown, downstream_table, run_downstream
 from depthlab.compare.parallel import run_in_parallel
 from depthlab.compare.table import COLUMNS, markdown_table
-from depthlab.models.schemes import BASELINE_SCHEME, parse_scheme_spec
+from depthlab.models.schemes import BASELINE_SCHEME, SchemeSpec
 from depthlab.train import train
 
 log = logging.getLogger(__name__)
 
 
-def run_name(scheme: str, seed: int) -> str:
+def run_name(scheme: SchemeSpec, seed: int) -> str:
     """The run's key in summary.json (``lns:position=after-branch-seed0``; labels as in the table)."""
-    return f"{parse_scheme_spec(scheme).label}-seed{seed}"
+    return f"{scheme.label}-seed{seed}"
 
 
-def run_dirname(scheme: str, seed: int) -> str:
+def run_dirname(scheme: SchemeSpec, seed: int) -> str:
     """The run's directory under runs/: a safe name (``lns-position-after-branch-seed0``)."""
-    return f"{parse_scheme_spec(scheme).dirname}-seed{seed}"
+    return f"{scheme.dirname}-seed{seed}"
 
 
 # ------------------------------------------------------------------------------------- running
-def _train_run(cfg: CompareConfig, scheme: str, seed: int, run_dir: Path, quiet: bool, command: str | None) -> dict:
+def _train_run(cfg: CompareConfig, scheme: SchemeSpec, seed: int, run_dir: Path, quiet: bool, command: str | None) -> dict:
     if (run_dir / "summary.json").is_file():
         log.info("%s: already trained, reusing %s", run_name(scheme, seed), run_dir)
         return json.loads((run_dir / "summary.json").read_text())
@@ -79,19 +79,19 @@ def _diagnose_run(cfg: CompareConfig, run_dir: Path, command: str | None) -> dic
     return json.loads((out / "report.json").read_text())
 
 
-def train_and_diagnose(cfg: CompareConfig, scheme: str, seed: int, run_dir: Path, command: str | None) -> str:
+def train_and_diagnose(cfg: CompareConfig, scheme: SchemeSpec, seed: int, run_dir: Path, command: str | None) -> str:
     """One run, trained then diagnosed (what a ``--jobs`` worker does); returns its name."""
     _train_run(cfg, scheme, seed, run_dir, True, command)
     _diagnose_run(cfg, run_dir, command)
     return run_name(scheme, seed)
 
 
-def run_row(scheme: str, seed: int, summary: dict, report: dict) -> dict[str, Any]:
+def run_row(scheme: SchemeSpec, seed: int, summary: dict, report: dict) -> dict[str, Any]:
     """One table row, straight from a run's summary.json and its diagnostics report.json."""
     adjacent = report["angular"]["adjacent"]
     deep = deepest_third(len(adjacent))
     row = {
-        "scheme": parse_scheme_spec(scheme).label, "seed": seed,
+        "scheme": scheme.label, "seed": seed,
         "eval_loss": summary["eval_loss"],
         **{k: summary[k] for k in ("eval_ppl", "eval_acc") if k in summary},  # LM: perplexity; ViT: accuracy
         "last_layer_variance": summary["layer_variance"][-1],
@@ -199,7 +199,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
             if on_run is not None:
                 on_run(row["scheme"], seed, row)
 
-    labels = [spec.label for spec in cfg.specs()]
+    labels = cfg.labels
     table = aggregate(rows, labels)
     result = {"settings": settings, "command": command, "table": table, "runs": rows, "run_dirs": runs,
               "columns": {k: v[0] for k, v in COLUMNS.items()}}
@@ -219,7 +219,7 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
 def _summary_md(cfg: CompareConfig, table: list[dict[str, Any]], command: str | None) -> str:
     t = cfg.train
     return "\n".join([
-        f"# depthlab compare: {', '.join(spec.label for spec in cfg.specs())} on {cfg.preset}",
+        f"# depthlab compare: {', '.join(cfg.labels)} on {cfg.preset}",
         "",
         f"data `{t.data}`, steps {t.steps or 'preset default'}, seeds {cfg.seeds}; "
         f"deepest third = the last max(1, round(L/3)) blocks.",

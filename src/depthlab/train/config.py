@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from depthlab.base.errors import ConfigError, check_int, choices
+from depthlab.base.precision import PRECISIONS
 from depthlab.models.config import JsonConfig, ModelConfig
 from depthlab.models.presets import PAPER_DEFAULTS, TRAIN_DEFAULTS
 
 OPTIMIZERS = ("adam", "adamw")
-DTYPES = ("auto", "fp32", "bf16")
-WEIGHT_DTYPES = ("fp32", "bf16")
+DTYPES = WEIGHT_DTYPES = PRECISIONS  # --dtype (compute precision) and --weights (weight dtype): one choice set
 DIST_MODES = ("none", "ddp", "fsdp")
 MAX_LR = 1e6  # larger learning rates overflow Adam's float32 arithmetic: refused as a typo
 MAX_SEED = 2**32 - 1  # seeds seed torch, numpy and Python: the range all of them take
@@ -50,8 +50,8 @@ class TrainConfig(JsonConfig):
     seed: int = 0  # fixes init and data order
     # ---- execution
     device: str | None = None  # auto (None) | cpu | cuda (the current GPU) | cuda:N | mps; auto: cuda when available
-    dtype: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 (autocast; weights stay fp32)
-    weights: str = "fp32"  # fp32 | bf16: weights and Adam moments in bf16, no fp32 copy; stochastic rounding
+    dtype: str = "auto"  # compute precision: auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 (autocast, over fp32 or bf16 weights)
+    weights: str = "auto"  # weight dtype: auto (fp32) | fp32 | bf16 (with Adam's moments; no fp32 copy, stochastic rounding)
     compile: bool | None = None  # torch.compile forward + loss; None = auto: CUDA from 2e16 training FLOPs, CPU from 4M tokens
     dist: str = "none"  # none | ddp | fsdp (under torchrun)
     # ---- evaluation, metrics, checkpoints
@@ -99,6 +99,8 @@ class TrainConfig(JsonConfig):
             c["variance_every"] = max(1, steps // 20)
         if c["ckpt_every"] is None:
             c["ckpt_every"] = max(1, steps // 4)
+        if c["weights"] == "auto":
+            c["weights"] = "fp32"  # fp32 master weights (finetune asks for bf16 with dtype bf16 before this)
         out = TrainConfig(**c)
         out.validate(model_cfg, world_size)
         return out

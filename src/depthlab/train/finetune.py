@@ -184,6 +184,8 @@ def finetune(source: str | Path, train_cfg: TrainConfig, out: str | Path, *, res
 
     out = Path(out)
     train_cfg.check_given()  # a NaN lr, a negative seed, ...: before the source is loaded or the data read
+    if train_cfg.weights == "auto" and train_cfg.dtype == "bf16":
+        train_cfg = train_cfg.replace(weights="bf16")  # fine-tuning in bf16: bf16 weights, no fp32 copy
     if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"run directory {str(out)!r} already exists; pass --resume to continue it "
                             "or choose a new --out")

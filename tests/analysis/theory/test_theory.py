@@ -143,7 +143,11 @@ def test_cli_writes_json_and_png(tmp_path, capsys):
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, word):
-    assert main(["theory", "--out", str(tmp_path / "x"), *argv]) == 2
+    try:
+        code = main(["theory", "--out", str(tmp_path / "x"), *argv])
+    except SystemExit as exit_:  # argparse refuses a value of the wrong type itself (one line, exit 2)
+        code = exit_.code
+    assert code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("depthlab theory: error:") and word in err
     assert not (tmp_path / "x" / "theory.json").exists()

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from depthlab.analysis.evaluate.options import SCORINGS
 from depthlab.analysis.evaluate.scoring import score_generate, score_loglik
 from depthlab.base.errors import DepthlabError, choices, first_line
 from depthlab.base.extras import needs
@@ -18,7 +19,6 @@ from depthlab.data.tasks import Task, load_task_file, parse_rows
 
 log = logging.getLogger(__name__)
 
-SCORINGS = ("loglik", "generate")
 TASK_FORMS = "a .jsonl file, " + ", ".join(BUILTIN_TASKS) + " or hf:NAME[:CONFIG[:SPLIT]]"
 
 
@@ -109,10 +109,10 @@ def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path 
         raise DepthlabError(f"--batch-size must be positive, got {batch_size}")
     tmpl = get_template(template)
     task_list = load_tasks(tasks, limit)
-    if not hasattr(target, "forward_fn"):
-        from depthlab.targets import load_target
+    from depthlab.targets.load import target_for
 
-        target = load_target(str(target))
+    target = target_for(target, stream=False)  # a path is loaded; a target read layer by layer is refused: scoring
+    # runs the whole model on each batch
     codec, fn, max_len = _Codec(target), target.forward_fn(), _max_length(target)
     results: dict[str, dict[str, Any]] = {}
     generations: dict[str, list[dict[str, Any]]] = {}

@@ -19,6 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Colormap
 from matplotlib.figure import Figure
 
+from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish
 
 DPI = 130
@@ -75,3 +76,13 @@ def ticks(n: int, max_ticks: int = 16) -> list[int]:
     """1-based tick positions for n layers, at most ``max_ticks`` of them."""
     step = max(1, math.ceil(n / max_ticks))
     return list(range(1, n + 1, step))
+
+
+def same_lengths(figure: str, **series: Any) -> int:
+    """The common length of ``series`` (one value per block, say), or DepthlabError naming each one's length: a
+    figure of mismatched inputs would silently misalign its curves or fail deep inside matplotlib."""
+    lengths = {name: len(values) for name, values in series.items()}
+    if len(set(lengths.values())) != 1 or not next(iter(lengths.values())):
+        shown = ", ".join(f"{name} has {n}" for name, n in lengths.items())
+        raise DepthlabError(f"{figure}: {shown} values; give one value per block in each, at least one")
+    return next(iter(lengths.values()))

@@ -7,13 +7,17 @@ from pathlib import Path
 
 import numpy as np
 
-from depthlab.analysis.plots._base import save, subplots, ticks
+from depthlab.analysis.plots._base import same_lengths, save, subplots, ticks
+from depthlab.base.errors import DepthlabError
 
 
 def angular_heatmap(matrix: Sequence[Sequence[float | None]], path: str | Path, title: str = "") -> Path:
-    """The paper's layout: x = block l, y = n; colour = d(x^l, x^{l+n}). ``matrix[n-1][l-1]``."""
+    """The paper's layout: x = block l, y = n; colour = d(x^l, x^{l+n}). ``matrix[n-1][l-1]``: L rows of L values."""
+    L = len(matrix)
+    if not L or any(len(row) != L for row in matrix):
+        raise DepthlabError(f"angular heatmap: the matrix must hold L rows of L values (matrix[n-1][l-1]); got rows of "
+                            f"{sorted({len(row) for row in matrix})} values for {L} rows")
     m = np.array([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
-    L = m.shape[1]
     fig, ax = subplots(figsize=(6.4, 5.2))
     im = ax.imshow(m, origin="lower", cmap="viridis", vmin=0.0, vmax=max(0.5, float(np.nanmax(m))), aspect="auto",
                    extent=(0.5, L + 0.5, 0.5, L + 0.5), interpolation="nearest")
@@ -46,7 +50,8 @@ def adjacent_angular(adjacent: Sequence[float], path: str | Path, threshold: flo
 def removal_drop(delta_loss: Sequence[float], path: str | Path, base_loss: float | None = None,
                  delta_acc: Sequence[float] | None = None, title: str = "") -> Path:
     """Held-out loss increase when block l alone is removed (log scale), and the accuracy drop."""
-    L = len(delta_loss)
+    L = same_lengths("removal figure", delta_loss=delta_loss, **({"delta_acc": delta_acc} if delta_acc is not None
+                                                                   else {}))
     n = 2 if delta_acc is not None else 1
     fig, axes = subplots(n, 1, figsize=(6.4, 3.2 * n), sharex=True, squeeze=False)
     ax = axes[0, 0]
@@ -71,7 +76,7 @@ def removal_drop(delta_loss: Sequence[float], path: str | Path, base_loss: float
 
 def variance_growth(variance: Sequence[float], mean_norm: Sequence[float], path: str | Path, title: str = "") -> Path:
     """Output variance of each block (state x^{l+1}; l = 0 is the embedding) and the residual norm."""
-    S = len(variance)
+    S = same_lengths("variance figure", variance=variance, mean_norm=mean_norm)
     fig, (a1, a2) = subplots(1, 2, figsize=(9.6, 3.4))
     a1.plot(range(S), variance, marker="o", ms=3.5)
     a1.set_yscale("log")
@@ -112,6 +117,8 @@ def jacobian_heatmaps(matrices: Mapping[int, np.ndarray], path: str | Path, dims
 def jacobian_summary(layers: Sequence[int], rel_dist: Sequence[float], diag_share: Sequence[float], path: str | Path,
                      rel_dist_per_token: Sequence[float] | None = None, title: str = "") -> Path:
     """Per block: ||J - I||_F / ||I||_F (0 = identity) and the diagonal share of ||J||_F^2."""
+    same_lengths("Jacobian summary", layers=layers, rel_dist=rel_dist, diag_share=diag_share,
+                 **({"rel_dist_per_token": rel_dist_per_token} if rel_dist_per_token is not None else {}))
     fig, (a1, a2) = subplots(1, 2, figsize=(9.6, 3.4))
     a1.plot(layers, rel_dist, marker="o", ms=3.5, label="token-averaged J")
     if rel_dist_per_token is not None:

@@ -20,62 +20,18 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import torch
 
-from depthlab.analysis.theory.recursions import check_int, check_pos, growth_fits
-from depthlab.base.errors import DepthlabError
+from depthlab.analysis.theory.options import EmpiricalSetup
+from depthlab.analysis.theory.recursions import growth_fits
 from depthlab.base.metrics import element_variance
-from depthlab.models.config import ModelConfig
-from depthlab.models.configure import from_preset
 from depthlab.models.decoder import DecoderLM, build_model
 
 log = logging.getLogger(__name__)
-
-MAX_EMPIRICAL_DEPTH = 4096  # beyond this a CPU run takes far too long to be useful
-
-
-@dataclass
-class EmpiricalSetup:
-    depth: int = 256  # blocks of the deep model (every depth 1..depth is measured)
-    d_model: int = 64  # width; narrow so hundreds of layers run in seconds on a CPU
-    n_heads: int = 4
-    d_ff: int | None = None  # None = the tiny preset's ratio 2.75·d_model, rounded to a multiple of 8
-    seq_len: int = 64
-    batch_size: int = 2
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    init_std: float = 0.02  # the paper's init; larger values exaggerate the branches (see module doc)
-    n_jacobian_depths: int = 12  # geometric grid of probed depths for ‖∂y_l/∂x_1‖
-
-    def validate(self) -> None:
-        check_int("empirical depth", self.depth, 2, MAX_EMPIRICAL_DEPTH)
-        for name in ("d_model", "n_heads", "seq_len", "batch_size", "n_jacobian_depths"):
-            check_int(name, getattr(self, name), 1)
-        if self.d_ff is not None:
-            check_int("d_ff", self.d_ff, 1)
-        if not self.seeds:
-            raise DepthlabError("seeds must list at least one seed, got none")
-        check_pos("init_std", self.init_std)
-        self.config("pre")  # shape errors (width vs heads, ...) surface now, as ConfigError
-
-    def config(self, scheme: str) -> ModelConfig:
-        """The tiny preset narrowed/deepened to this setup."""
-        return from_preset(
-            "tiny", scheme=scheme, n_layers=self.depth, d_model=self.d_model, n_heads=self.n_heads,
-            d_ff=self.ffn, max_seq_len=self.seq_len, init_std=self.init_std,
-        )
-
-    @property
-    def ffn(self) -> int:
-        return self.d_ff if self.d_ff is not None else max(8, 8 * round(2.75 * self.d_model / 8))
-
-    def probe_depths(self) -> list[int]:
-        grid = np.geomspace(1, self.depth, self.n_jacobian_depths)
-        return sorted({int(round(v)) for v in grid} | {self.depth})
-
 
 def _model(scheme: str, setup: EmpiricalSetup, seed: int) -> DecoderLM:
     torch.manual_seed(seed)

@@ -10,8 +10,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from depthlab.analysis.theory.empirical import EmpiricalSetup, measure_empirical
-from depthlab.analysis.theory.recursions import RecursionParams, check_int, recursion_report
+from depthlab.analysis.theory.empirical import measure_empirical
+from depthlab.analysis.theory.options import EmpiricalSetup, RecursionParams, check_int
+from depthlab.analysis.theory.recursions import recursion_report
 from depthlab.base.fileio import write_json_atomic
 from depthlab.base.provenance import versions
 
