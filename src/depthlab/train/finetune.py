@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from depthlab.base.errors import DepthlabError
+from depthlab.base.store.lock import check_resumable, stopped_before_first_checkpoint
 from depthlab.data import Tokenizer
 from depthlab.data.batches import SeededOrder
 from depthlab.data.sft import SFTDataset, get_template, load_records, pack_examples, pad_examples
@@ -64,6 +65,7 @@ def _resumed_source(out: Path) -> Source:
     from depthlab.data import load_tokenizer
 
     saved = read_json_object(out / "config.json")
+    check_resumable(out)
     if not saved or "finetune" not in saved:
         raise DepthlabError(f"cannot resume {str(out)!r}: not a fine-tuning run (no 'finetune' in config.json)")
     return Source(ModelConfig.from_dict(saved["model"]), {}, load_tokenizer(out / "tokenizer"),
@@ -186,7 +188,7 @@ def finetune(source: str | Path, train_cfg: TrainConfig, out: str | Path, *, res
     train_cfg.check_given()  # a NaN lr, a negative seed, ...: before the source is loaded or the data read
     if train_cfg.weights == "auto" and train_cfg.dtype == "bf16":
         train_cfg = train_cfg.replace(weights="bf16")  # fine-tuning in bf16: bf16 weights, no fp32 copy
-    if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if not resume and out.exists() and not stopped_before_first_checkpoint(out) and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"run directory {str(out)!r} already exists; pass --resume to continue it "
                             "or choose a new --out")
     dtype = torch.bfloat16 if train_cfg.weights == "bf16" else torch.float32  # bf16 weights: no fp32 copy

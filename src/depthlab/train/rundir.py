@@ -19,6 +19,7 @@ from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import write_json_atomic
 from depthlab.base.provenance import command_line, versions
 from depthlab.base.store.integrity import data_fingerprint, fingerprint_change
+from depthlab.base.store.lock import check_resumable, stopped_before_first_checkpoint
 from depthlab.data import (
     DEFAULT_TOKENIZER,
     Tokenizer,
@@ -66,7 +67,8 @@ def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: 
     if bad:
         raise DepthlabError(f"--allow-changed {','.join(bad)}: only {', '.join(CHANGEABLE_KEYS)} may change on resume")
     saved = saved_config(out) if resume else None
-    if not resume and out.exists() and (not out.is_dir() or any(p.name != ".lock" for p in out.iterdir())):
+    if not resume and out.exists() and not stopped_before_first_checkpoint(out)\
+            and (not out.is_dir() or any(p.name != ".lock" for p in out.iterdir())):
         raise DepthlabError(f"run directory {str(out)!r} already exists; "
                             "pass --resume to continue it or choose a new --out")
     cfg = train_cfg.resolve(model_cfg, env.world_size)
@@ -90,6 +92,7 @@ def saved_config(out: Path) -> dict[str, Any]:
         raise DepthlabError(f"cannot resume {str(out)!r}: its config.json is unreadable ({err})") from None
     if not isinstance(saved, dict) or not {"model", "train"} <= saved.keys():
         raise DepthlabError(f"cannot resume {str(out)!r}: its config.json is not a depthlab run config")
+    check_resumable(out)
     return saved
 
 

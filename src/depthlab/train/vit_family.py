@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from depthlab.base.errors import DepthlabError
+from depthlab.base.store.lock import stopped_before_first_checkpoint
 from depthlab.data.images import TrainImages, check_image_spec, load_run_images
 from depthlab.models.presets import TRAIN_DEFAULTS
 from depthlab.train import distributed as D
@@ -46,7 +47,7 @@ def vit_train_config(train_cfg: TrainConfig, vit_cfg: Any, world_size: int = 1) 
 def open_vit_run(vit_cfg: Any, train_cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv) -> RunSetup:
     """Check ``out`` and the settings (a resume must match the saved run); no tokenizer; writes nothing."""
     saved = saved_config(out) if resume else None
-    if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if not resume and out.exists() and not stopped_before_first_checkpoint(out) and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"run directory {str(out)!r} already exists; "
                             "pass --resume to continue it or choose a new --out")
     cfg = vit_train_config(train_cfg, vit_cfg, env.world_size)
