@@ -171,8 +171,9 @@ def _diagnose(args: argparse.Namespace, given: dict, target, device, out: Path) 
     given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), False if streamed else
                                                                   given.get("jacobian"), device.type, target.n_params,
                                                                   target.info.get("d_model"), given["seq_len"], line)
-    print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails
     opts = DiagnoseOptions(**given)  # progress: a bar on a terminal, ETA log lines otherwise
+    opts.check_blocks(target.info.get("n_layers"))  # --jac-layers 99 of a 4-block model: before any pass
+    print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails
     report = diagnose(target, opts, command=command_line(args.argv), out=out)
     return _publish(report, out, opts)
 

@@ -74,7 +74,10 @@ def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: 
     cfg = train_cfg.resolve(model_cfg, env.world_size)
     tok = tokenizer if tokenizer is not None and not resume else resolve_tokenizer(cfg, out, resume, env)
     cfg = cfg.replace(tokenizer=tok.spec)
-    model_cfg = model_cfg.replace(vocab_size=tok.vocab_size)
+    if not ((resume or tokenizer is not None) and tok.vocab_size <= model_cfg.vocab_size):
+        model_cfg = model_cfg.replace(vocab_size=tok.vocab_size)  # a fresh model: the tokenizer's vocabulary
+    # else: a model that comes with weights keeps its embedding, padded past the tokenizer as many HF models ship
+    # (Qwen2: 151936 rows for 151665 tokens); a tokenizer larger than the embedding is refused when they load
     changed = {}
     if saved is not None:
         check_inputs(saved, tok, cfg, out)  # first: a swapped tokenizer also changes vocab_size
