@@ -94,7 +94,7 @@ def stopped_before_first_checkpoint(out: Path) -> bool:
     if not (out / "config.json").is_file() or any(p.name not in FIRST_FILES for p in out.iterdir()):
         return False
     ckpt = out / "checkpoint"
-    if ckpt.exists() and (not ckpt.is_dir() or any(not p.name.startswith(".tmp-") for p in ckpt.iterdir())):
+    if ckpt.exists() and (not ckpt.is_dir() or any(not (p.name.startswith(".") and ".tmp-" in p.name) for p in ckpt.iterdir())):
         return False
     try:
         saved = json.loads((out / "config.json").read_text())
