@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,12 +31,14 @@ from depthlab.analysis.monitor.trackers import TrackerSpec
 from depthlab.base.devices import resolve_device
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import write_json_atomic
+from depthlab.base.progress import progress as progress_bar
+from depthlab.base.progress import user_logging
 from depthlab.base.store.checkpoint import load_intact, remove_stale_tmp, save_checkpoint, set_rng_state
 from depthlab.base.store.integrity import first_nonfinite
 from depthlab.base.store.lock import RunGuard, run_guard
 from depthlab.models.config import ModelConfig
 from depthlab.train import distributed as D
-from depthlab.train.config import TrainConfig
+from depthlab.train.config import TrainConfig, schedule_line
 from depthlab.train.data import TrainData
 from depthlab.train.evaluator import EvalResult, Evaluator
 from depthlab.train.family import TrainFamily, train_family
@@ -87,7 +88,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *
     """
     env = D.setup(train_cfg.dist, _device(train_cfg))
     try:
-        with run_guard(Path(out_dir), env.is_main, existing=resume) as guard:
+        with user_logging(quiet), run_guard(Path(out_dir), env.is_main, existing=resume) as guard:
             return _train(model_cfg, train_cfg, Path(out_dir), resume, progress, quiet, command, env, allow_changed,
                           guard, start)
     finally:
@@ -249,21 +250,20 @@ class _Done:
 
 def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
     """Steps ``start + 1 .. cfg.steps``, each followed by its logging, probes, evaluation and checkpoint."""
-    from tqdm.auto import tqdm
-
     cfg, run = s.run.cfg, s.run
-    bar = tqdm(total=cfg.steps, initial=s.start, disable=quiet or not s.env.is_main or not sys.stderr.isatty(),
-               file=sys.stderr, dynamic_ncols=True, unit="step")
-    log.log(logging.DEBUG if quiet else logging.INFO,
-            "training %s (%s, %.2fM params) for %d steps: batch %d x %d tokens, lr %g, %s train sequences; %s",
+    name, level = f"training {run.out.name}", logging.DEBUG if quiet else logging.INFO
+    log.log(level, "%s: %s (%s, %.2fM params), %d steps of batch %d x %d %s, lr %g, %s train sequences; %s", name,
             run.model_cfg.name, run.model_cfg.scheme, s.model.num_params() / 1e6, cfg.steps, cfg.batch_size,
-            cfg.seq_len, cfg.lr, len(s.data.train) or "streamed", execution_plan(cfg, s.forward.device, s.compile_auto))
+            cfg.seq_len, "tokens" if run.family == "lm" else "patches", cfg.lr, len(s.data.train) or "streamed",
+            execution_plan(cfg, s.forward.device, s.compile_auto))
+    log.log(level, "%s: measuring %s", name, schedule_line(cfg, run.model_cfg.n_layers))
     s.t_loop = time.perf_counter()
     s.module.train()
     if s.start == 0 and cfg.variance_every:
         s.metrics.write({"step": 0, **s.evaluator.probe(removal=True)})
     done = _Done()
-    try:
+    unit = "tok/s" if run.family == "lm" else "img/s"
+    with progress_bar(cfg.steps, name, "step", not quiet and s.env.is_main, initial=s.start) as bar:
         for step in range(s.start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             res = train_step(step, s.forward, s.model, s.optimizer, s.data.train, cfg, s.env)
@@ -272,13 +272,14 @@ def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
                 raise TrainingDiverged(f"loss is {res.loss} at step {step}; stopped ({where})", step, s.last_ckpt)
             s.tokens += res.tokens
             rec = done.add_step(res, s.tokens, time.perf_counter() - t0)
-            bar.update(1)
-            bar.set_postfix(loss=f"{res.loss:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
             _after_step(s, step, done, quiet)
+            bar.postfix(loss=f"{res.loss:.3f}", rate=f"{rec['tokens_per_s']:,.0f} {unit}",
+                        **({"held-out loss": f"{done.eval.loss:.3f}"} if done.eval is not None else {}))
+            bar.update(1)
             if progress is not None:  # last: a callback that raises leaves a consistent run behind
                 progress({**rec, **({"eval_loss": done.eval.loss} if done.eval_step == step else {})})
-    finally:
-        bar.close()
+        if done.session_time:  # the last line: this session's training rate
+            bar.postfix(rate=f"{done.session_tokens / done.session_time:,.0f} {unit}")
     return done
 
 
@@ -296,7 +297,7 @@ def _after_step(s: _Session, step: int, done: _Done, quiet: bool) -> None:
     if (cfg.eval_every and step % cfg.eval_every == 0) or last:
         done.eval, done.eval_step = s.evaluator.evaluate(), step
         s.metrics.write(done.eval.record(step))
-        log.log(logging.DEBUG if quiet else logging.INFO, "step %d: %s", step, done.eval.describe())
+        log.log(logging.DEBUG if quiet else logging.INFO, "%s step %d: %s", s.run.out.name, step, done.eval.describe())
     if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or last:
         s.last_ckpt = _checkpoint(s, step)
 

@@ -21,7 +21,7 @@ def _model(scheme="lns", **kw):
 
 def _train_cfg(**kw):
     return TrainConfig(**{"data": "digits", "steps": 6, "batch_size": 16, "eval_every": 3, "variance_every": 3,
-                          "ckpt_every": 3, **kw})
+                          "track_removal": True, "ckpt_every": 3, **kw})
 
 
 class _StopAt:

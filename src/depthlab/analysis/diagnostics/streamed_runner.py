@@ -40,6 +40,7 @@ from depthlab.analysis.diagnostics.streamed import (
 from depthlab.analysis.diagnostics.summary import removable_blocks, summary_sentence
 from depthlab.analysis.diagnostics.variance import VarianceAccumulator
 from depthlab.base.errors import DepthlabError
+from depthlab.base.progress import duration
 from depthlab.targets.layerwise import StreamTarget, locate, stored_bytes
 
 log = logging.getLogger(__name__)
@@ -176,10 +177,15 @@ def text_batches(target: StreamTarget, opts: DiagnoseOptions) -> tuple[TextBatch
 
 
 def joint_loss(sweeper: Sweeper, text: list[SweepBatch], skip: list[int]) -> float:
-    """Held-out loss with the blocks ``skip`` removed together: one sweep."""
+    """Held-out loss with the blocks ``skip`` removed together: one sweep, one log line."""
     consumer = LossConsumer(1)
+    t0 = time.perf_counter()
     sweeper.sweep("joint-" + "-".join(map(str, sorted(skip))), text, [Stream("joint", frozenset(skip))], False,
-                  consumer)
+                  consumer, show=False)
+    blocks = sorted(skip)
+    shown = ", ".join(map(str, blocks[:6])) + (f", … ({len(blocks)} in all)" if len(blocks) > 6 else "")
+    log.info("removable blocks, joint check: %d removed together (%s): loss %.4f, %s", len(blocks), shown,
+             consumer.loss(0), duration(time.perf_counter() - t0))
     return consumer.loss(0)
 
 
