@@ -37,7 +37,7 @@ from depthlab.compare.config import CompareConfig
 from depthlab.compare.curves import compare_tracking_markdown
 from depthlab.compare.downstream import downstream_markdown, downstream_table, run_downstream
 from depthlab.compare.parallel import run_in_parallel
-from depthlab.compare.table import COLUMNS, markdown_table
+from depthlab.compare.table import COLUMNS, markdown_table, resolved_run_config
 from depthlab.models.schemes import BASELINE_SCHEME, parse_scheme_spec
 from depthlab.train import train
 
@@ -232,7 +232,8 @@ def _compare(cfg: CompareConfig, out_dir: str | Path, quiet: bool, command: str 
     if cfg.downstream.active:
         result["downstream"] = downstream_table(rows, labels)
     write_json_atomic(out / "summary.json", result)
-    md = _summary_md(cfg, table, command) + compare_tracking_markdown(result, out, BASELINE_SCHEME)
+    md = _summary_md(cfg, table, command, resolved_run_config(result, out)["train"]) + \
+        compare_tracking_markdown(result, out, BASELINE_SCHEME)
     write_text_atomic(out / "summary.md", md + downstream_markdown(result))
     from depthlab.compare.page import write_compare_report  # late: matplotlib only when drawing
 
@@ -242,13 +243,13 @@ def _compare(cfg: CompareConfig, out_dir: str | Path, quiet: bool, command: str 
     return result
 
 
-def _summary_md(cfg: CompareConfig, table: list[dict[str, Any]], command: str | None) -> str:
-    t = cfg.train
+def _summary_md(cfg: CompareConfig, table: list[dict[str, Any]], command: str | None, t: dict[str, Any]) -> str:
+    """summary.md's head and table; ``t``: the resolved training settings every run used."""
     return "\n".join([
         f"# depthlab compare: {', '.join(spec.label for spec in cfg.specs())} on {cfg.preset}",
         "",
-        f"data `{t.data}`, steps {t.steps or 'preset default'}, seeds {cfg.seeds}; "
-        f"deepest third = the last max(1, round(L/3)) blocks.",
+        f"data `{t['data']}`, tokenizer `{t.get('tokenizer')}`, {t['steps']} steps of {t['batch_size']} × "
+        f"{t['seq_len']} tokens, lr {t['lr']:g}, seeds {cfg.seeds}; deepest third = the last max(1, round(L/3)) blocks.",
         "",
         markdown_table(table),
         "",

@@ -205,13 +205,13 @@ def measurement_schedule(c: dict[str, Any], n_layers: int, eval_tokens_auto: boo
     evaluation, probe, removal = measurement_costs(c, n_layers)
     if c["eval_every"] is None:
         n = min(MAX_EVALS, int(budget / evaluation)) if evaluation > 0 else MAX_EVALS
-        c["eval_every"] = max(1, steps // n) if n else 0
+        c["eval_every"] = -(-steps // n) if n else 0  # ceil: at most n evaluations
     if c["track_removal"] is None:  # the sweeps at the start and the end fit the probes' share
         c["track_removal"] = bool(c["track_depth"]) and 2 * (probe + removal) <= budget
     if c["variance_every"] is None:
         sweeps = removal / c["removal_every"] if c["track_removal"] and c["track_depth"] and c["removal_every"] else 0.0
         n = min(MAX_PROBES, int(budget / (probe + sweeps)))
-        c["variance_every"] = max(1, steps // n) if n else steps
+        c["variance_every"] = -(-steps // n) if n else steps
 
 
 def measured_steps(every: int, steps: int) -> list[int]:
