@@ -65,6 +65,9 @@ import torch.nn.functional as F
 
 import depthlab
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_out import result_path  # noqa: E402  (sibling module)
+
 #: Dense peak tensor-core TFLOP/s by (device-name fragment, dtype); first match wins.
 #: Sources: NVIDIA H100 / H200 / A100 / L4 data sheets ("with sparsity" figures halved).
 PEAK_TFLOPS: list[tuple[str, str, float]] = [
@@ -351,7 +354,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset field (e.g. n_layers=2)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/...)")
+    p.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
+                   "--out benchmarks/results updates the committed one)")
     args = p.parse_args(argv)
     for name in ("seq_len", "batch_size", "steps", "repeats", "warmup"):
         if getattr(args, name) < 1:
@@ -420,9 +424,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = measure(args)
     if argv is not None:
         report["command"] = "python benchmarks/train_throughput.py " + " ".join(shlex.quote(a) for a in argv)
-    out = Path(args.out) if args.out else (
-        Path(__file__).parent / "results" / f"train_throughput_{report['device_type']}_{args.preset}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = result_path(f"train_throughput_{report['device_type']}_{args.preset}.json", args.out)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     tmp.replace(out)
