@@ -7,21 +7,22 @@ from pathlib import Path
 
 import numpy as np
 
-from depthlab.analysis.plots._base import run_color, save, subplots, ticks
+from depthlab.analysis.plots._base import log_norm, run_color, save, subplots, ticks
 
 
 def angular_heatmap(matrix: Sequence[Sequence[float | None]], path: str | Path, title: str = "") -> Path:
-    """The paper's layout: x = block l, y = n; colour = d(x^l, x^{l+n}). ``matrix[n-1][l-1]``."""
+    """The paper's layout: x = block l, y = n; colour = d(x^l, x^{l+n}) on a log scale (the deep blocks' small
+    distances stay readable next to block 1's). ``matrix[n-1][l-1]``."""
     m = np.array([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
     L = m.shape[1]
     fig, ax = subplots(figsize=(6.4, 5.2))
-    im = ax.imshow(m, origin="lower", cmap="viridis", vmin=0.0, vmax=max(0.5, float(np.nanmax(m))), aspect="auto",
+    im = ax.imshow(np.ma.masked_invalid(m), origin="lower", cmap="viridis", norm=log_norm(m), aspect="auto",
                    extent=(0.5, L + 0.5, 0.5, L + 0.5), interpolation="nearest")
     ax.set_xlabel("layer l (input of block l)")
     ax.set_ylabel("block size n  (distance to layer l+n)")
     ax.set_xticks(ticks(L))
     ax.set_yticks(ticks(L))
-    fig.colorbar(im, ax=ax, label="angular distance  arccos(cos)/π")
+    fig.colorbar(im, ax=ax, label="angular distance  arccos(cos)/π  (log colour scale)")
     ax.set_title(title or "Angular distance d(x^l, x^{l+n})", fontsize=10)
     return save(fig, path)
 

@@ -110,6 +110,7 @@ def depth_tracking(series: dict[str, tuple[Sequence[int], Sequence[Sequence[floa
     n_blocks = max(len(series[k][1][0]) for k in keys) if keys else 1
     height = 3.6 + max(0.0, (n_blocks - 24) * 0.03)
     fig, axes = subplots(1, len(keys), figsize=(3.5 * len(keys), height), squeeze=False)
+    first, last = min(series[k][0][0] for k in keys) if keys else 0, max(series[k][0][-1] for k in keys) if keys else 1
     for ax, key in zip(axes[0], keys):
         steps, rows = series[key]
         v = np.array([[np.nan if x is None else x for x in row] for row in rows], dtype=float).T  # (L, n)
@@ -117,6 +118,7 @@ def depth_tracking(series: dict[str, tuple[Sequence[int], Sequence[Sequence[floa
         shown = np.ma.masked_invalid(np.where(v > 0, v, np.nan) if HEATMAP_SCALES[key] == "log" else v)
         mesh = ax.pcolormesh(_edges(steps), np.arange(0.5, v.shape[0] + 1), shown, norm=norm, cmap=cmap,
                              shading="flat")
+        ax.set_xlim(first, last)  # one step axis for every panel (the removal sweep probes fewer steps)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
         ax.set_ylabel("block l")
