@@ -134,5 +134,7 @@ def tracking_curves(series: Mapping[str, Mapping[str, tuple[Sequence[int], Seque
         ax.grid(alpha=0.3)
         if key == "layer_variance":
             ax.set_yscale("log")
+        else:
+            ax.ticklabel_format(axis="y", useOffset=False)  # norm gains near 1: 1.0004, not "+1" and 0.0004
     axes[0][0].legend(fontsize=8)
     return save(fig, path)
