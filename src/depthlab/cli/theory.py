@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--B", type=float, default=1.0, dest="B", help="second-order constant of the gradient bound")
     e = p.add_argument_group("empirical check")
     e.add_argument("--no-empirical", action="store_true", help="skip the model measurements")
-    e.add_argument("--empirical-depth", type=int, default=256, help="layers of the random models (default 256)")
+    e.add_argument("--empirical-depth", type=int, default=256,
+                   help="layers of the random models at most; as many as --depth when fewer (default 256)")
     e.add_argument("--width", type=int, default=64, help="d_model of the random models (default 64)")
     e.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     e.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
