@@ -22,11 +22,12 @@ full control (nothing is added).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 log = logging.getLogger("depthlab.progress")
 
@@ -202,3 +203,18 @@ def user_logging(quiet: bool = False) -> Iterator[None]:
         lib.setLevel(saved_level)
         if handler is not None:
             lib.removeHandler(handler)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def logs_to_stderr(fn: F) -> F:
+    """Decorate a library entry point: it runs inside :func:`user_logging` (``quiet`` taken from its ``quiet``
+    keyword argument, if it has one)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with user_logging(bool(kwargs.get("quiet", False))):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

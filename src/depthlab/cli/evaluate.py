@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     command = "depthlab evaluate " + " ".join(shlex.quote(a) for a in _argv())
     results = evaluate(target, tasks, out=out, limit=args.limit, batch_size=args.batch_size, scoring=args.scoring,
                        template=args.template, max_new_tokens=args.max_new_tokens,
-                       progress=not args.no_progress and sys.stderr.isatty(), command=command)
+                       progress=not args.no_progress, command=command)  # a bar on a terminal, ETA lines in a log
     print(markdown_table(results), end="")
     print(f"results: {out / 'eval.json'}   (table: {out / 'eval.md'})")
     return 0

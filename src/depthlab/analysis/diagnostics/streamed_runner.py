@@ -40,7 +40,7 @@ from depthlab.analysis.diagnostics.streamed import (
 from depthlab.analysis.diagnostics.summary import removable_blocks, summary_sentence
 from depthlab.analysis.diagnostics.variance import VarianceAccumulator
 from depthlab.base.errors import DepthlabError
-from depthlab.base.progress import duration
+from depthlab.base.progress import duration, logs_to_stderr
 from depthlab.targets.layerwise import StreamTarget, locate, stored_bytes
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,7 @@ def joint_loss(sweeper: Sweeper, text: list[SweepBatch], skip: list[int]) -> flo
     return consumer.loss(0)
 
 
+@logs_to_stderr
 def diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions | None = None, command: str | None = None,
                       out: Path | None = None, settings: SweepSettings | None = None,
                       plan: EnginePlan | None = None) -> dict[str, Any]:
