@@ -77,11 +77,10 @@ class LogProgress:
         self.next_quarter = 1 + (4 * initial // total if total else 0)
         self.extra: dict[str, Any] = {}
         self.closed = False
+        done = f", {initial} done before" if initial else ""
+        log.info("%s: started%s", desc, f" ({plural(total, unit)}{done})" if total else "")
 
     def __enter__(self) -> LogProgress:
-        self.t0 = self.last = self.clock()
-        done = f", {self.initial} done before" if self.initial else ""
-        log.info("%s: started%s", self.desc, f" ({plural(self.total, self.unit)}{done})" if self.total else "")
         return self
 
     def postfix(self, **values: Any) -> None:
