@@ -126,3 +126,21 @@ def test_schedules_a_user_sets_are_kept():
     cfg = TrainConfig(steps=6, eval_every=1, variance_every=1, track_removal=True, eval_tokens=99_999).resolve(
         from_preset("tiny", n_layers=24))
     assert (cfg.eval_every, cfg.variance_every, cfg.track_removal, cfg.eval_tokens) == (1, 1, True, 99_999)
+
+
+def test_out_on_a_folder_that_is_not_a_run_names_the_real_problem(tmp_path, capsys):
+    """A folder of other files is not a run to resume: the message says what it holds, and does not suggest
+    --resume; an existing run gets the --resume hint."""
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("x")
+    args = ["train", "--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64",
+            "--steps", "2", "--batch-size", "4", "--seq-len", "16", "--eval-tokens", "256", "--tokenizer", "bytes",
+            "--no-plots", "-q"]
+    assert main([*args, "--out", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "not a depthlab run (it holds todo.txt)" in err and "--resume" not in err
+    run = tmp_path / "run"
+    assert main([*args, "--out", str(run)]) == 0
+    assert main([*args, "--out", str(run)]) == 2
+    assert f"is already a run (at step 2); continue it with --resume '{run}'" in capsys.readouterr().err
