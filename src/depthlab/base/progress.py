@@ -85,7 +85,8 @@ class LogProgress:
 
     def postfix(self, **values: Any) -> None:
         """Values shown after the count in the next line (e.g. ``loss="5.21"``, ``rate="2,410 tok/s"``; None
-        removes one)."""
+        removes one; a callable is called only when a line is written, so a value that costs a device sync, such
+        as a loss on a GPU, is read a few times a run, not at every step)."""
         self.extra.update(values)
         for key in [k for k, v in values.items() if v is None]:
             del self.extra[key]
@@ -101,9 +102,13 @@ class LogProgress:
             if self.total is None or self.n < self.total:
                 log.info("%s", self.line(now))
 
+    def _extras(self) -> str:
+        shown = {k: v() if callable(v) else v for k, v in self.extra.items()}
+        return "".join(f", {v}" if k == "rate" else f", {k} {v}" for k, v in shown.items())
+
     def line(self, now: float) -> str:
         elapsed = now - self.t0
-        extra = "".join(f", {v}" if k == "rate" else f", {k} {v}" for k, v in self.extra.items())
+        extra = self._extras()
         if not self.total:
             return f"{self.desc}: {plural(self.n, self.unit)}{extra}, {duration(elapsed)} elapsed"
         done = self.n - self.initial
@@ -116,7 +121,7 @@ class LogProgress:
             return
         self.closed = True
         if ok:
-            extra = "".join(f", {v}" if k == "rate" else f", {k} {v}" for k, v in self.extra.items())
+            extra = self._extras()
             count = plural(self.n - self.initial, self.unit) + (f" (to {self.n}/{self.total})" if self.initial else "")
             log.info("%s: done, %s in %s%s", self.desc, count, duration(self.clock() - self.t0), extra)
 
@@ -132,16 +137,23 @@ class _Bar:
 
         self.bar = tqdm(total=total, desc=desc, unit=unit, initial=initial, leave=False, dynamic_ncols=True,
                         file=stream)
+        self.values: dict[str, Any] = {}
+        self.shown_at = 0.0
 
     def __enter__(self) -> _Bar:
         return self
 
     def update(self, n: int = 1) -> None:
+        now = time.perf_counter()
+        if self.values and now - self.shown_at >= 0.5:  # callables (a GPU loss) read twice a second at most
+            self.shown_at = now
+            self.bar.set_postfix({k: v() if callable(v) else v for k, v in self.values.items()}, refresh=False)
         self.bar.update(n)
 
     def postfix(self, **values: Any) -> None:
-        self.shown = {**getattr(self, "shown", {}), **values}
-        self.bar.set_postfix({k: v for k, v in self.shown.items() if v is not None}, refresh=False)
+        self.values.update(values)
+        for key in [k for k, v in values.items() if v is None]:
+            del self.values[key]
 
     def close(self, ok: bool = True) -> None:
         self.bar.close()

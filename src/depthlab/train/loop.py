@@ -273,8 +273,8 @@ def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
             s.tokens += res.tokens
             rec = done.add_step(res, s.tokens, time.perf_counter() - t0)
             _after_step(s, step, done, quiet)
-            bar.postfix(loss=f"{res.loss:.3f}", rate=f"{rec['tokens_per_s']:,.0f} {unit}",
-                        **({"held-out loss": f"{done.eval.loss:.3f}"} if done.eval is not None else {}))
+            bar.postfix(loss=lambda: f"{done.train['loss']:.3f}", rate=lambda: f"{done.train['tokens_per_s']:,.0f} {unit}",
+                        **({"held-out loss": f"{done.eval.loss:.3f}"} if done.eval is not None else {}))  # read when shown
             bar.update(1)
             if progress is not None:  # last: a callback that raises leaves a consistent run behind
                 progress({**rec, **({"eval_loss": done.eval.loss} if done.eval_step == step else {})})
