@@ -71,8 +71,9 @@ def test_duration(n, text):
 
 def test_user_logging_shows_info_only_when_nothing_is_configured(capsys):
     root, lib = logging.getLogger(), logging.getLogger("depthlab")
-    saved = root.handlers[:]
+    saved, level = root.handlers[:], lib.level
     root.handlers.clear()  # as in a plain script (pytest installs its own handlers)
+    lib.setLevel(logging.NOTSET)  # as in a fresh interpreter (another test's `depthlab -v` may have set DEBUG)
     try:
         with P.user_logging():
             logging.getLogger("depthlab.x").info("plan line")
@@ -82,6 +83,7 @@ def test_user_logging_shows_info_only_when_nothing_is_configured(capsys):
         assert not lib.handlers and lib.level == logging.NOTSET  # restored
     finally:
         root.handlers[:] = saved
+        lib.setLevel(level)
     err = capsys.readouterr().err
     assert "plan line" in err and "hidden" not in err and "a warning" in err
 
