@@ -196,3 +196,20 @@ def test_runs_side_by_side_give_the_same_numbers(finished, tmp_path, caplog, cap
         assert a["deep_angular"] == pytest.approx(b["deep_angular"], rel=1e-5)
     assert (tmp_path / "par" / "tracking_curves.png").stat().st_size > 0
     assert "Depth over training" in (tmp_path / "par" / "summary.md").read_text()
+
+
+def test_each_run_is_diagnosed_on_the_device_it_trained_on(finished, tmp_path, monkeypatch):
+    """--device reaches the diagnosis too (it used to run on the CPU whatever the runs trained on): through
+    resolve_device, as every command's --device does."""
+    out, _, _ = finished
+    import shutil
+
+    resumed = tmp_path / "cmp"
+    shutil.copytree(out, resumed)
+    shutil.rmtree(resumed / "runs" / "lns-seed0" / "diagnostics")  # trained, not yet diagnosed
+    asked, loaded = [], []
+    real_resolve, real_load = C.resolve_device, C.load_target
+    monkeypatch.setattr(C, "resolve_device", lambda spec=None, rank=None: asked.append(spec) or real_resolve(spec, rank))
+    monkeypatch.setattr(C, "load_target", lambda name, device="cpu", **k: loaded.append(device) or real_load(name, device, **k))
+    compare(small_config(), resumed, command="pytest")
+    assert asked == ["cpu"] and loaded == [torch.device("cpu")]

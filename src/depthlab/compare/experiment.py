@@ -29,6 +29,7 @@ from typing import Any, Callable
 from depthlab.analysis.diagnostics import diagnose, load_target, write_report
 from depthlab.analysis.diagnostics.probes import deepest_third
 from depthlab.analysis.monitor.trackers import compare_group, log_compare
+from depthlab.base.devices import resolve_device
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish_dir, write_json_atomic, write_text_atomic
 from depthlab.base.progress import duration, progress, user_logging
@@ -77,7 +78,7 @@ def _diagnose_run(cfg: CompareConfig, run_dir: Path, command: str | None) -> dic
     t0 = time.perf_counter()
     tokens = f"{cfg.diagnose.tokens:,}" if cfg.diagnose.tokens else "the default number of"
     log.info("%s: diagnosing (%s held-out tokens)", run_dir.name, tokens)
-    target = load_target(str(run_dir))
+    target = load_target(str(run_dir), device=resolve_device(cfg.train.device))  # where it trained (fp32 weights)
     report = diagnose(target, cfg.diagnose, command=command)
     shutil.rmtree(out, ignore_errors=True)  # a report cut short, as an older depthlab wrote them in place
     with publish_dir(out) as tmp:  # whole or not at all: a report.json here means a whole report

@@ -52,7 +52,7 @@ class TrainConfig(JsonConfig):
     device: str | None = None  # auto (None) | cpu | cuda (the current GPU) | cuda:N | mps; auto: cuda when available
     dtype: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 (autocast; weights stay fp32)
     weights: str = "fp32"  # fp32 | bf16: weights and Adam moments in bf16, no fp32 copy; stochastic rounding
-    compile: bool | None = None  # torch.compile the training forward + loss; None = auto: on a CPU for runs of 4M+ tokens
+    compile: bool | None = None  # torch.compile forward + loss; None = auto: CUDA from 2e16 training FLOPs, CPU from 4M tokens
     dist: str = "none"  # none | ddp | fsdp (under torchrun)
     # ---- evaluation, metrics, checkpoints
     eval_every: int | None = None  # steps between held-out evaluations; None = up to 5 within 5% of the run; 0 = only at the end
