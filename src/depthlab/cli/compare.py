@@ -95,7 +95,7 @@ def run_and_print(cfg: CompareConfig, out: str, command: str) -> int:
 
     def progress(scheme: str, seed: int, row: dict) -> None:
         metric = f"ppl {row['eval_ppl']:.2f}" if "eval_ppl" in row else f"top-1 {100 * row['eval_acc']:.2f} %"
-        logging.getLogger("depthlab").info("done %s seed %d: held-out loss %.4f, %s", scheme, seed,
+        logging.getLogger("depthlab").info("%s seed %d: held-out loss %.4f, %s", scheme, seed,
                                            row["eval_loss"], metric)
 
     path = Path(out)
