@@ -261,3 +261,23 @@ def test_each_run_is_diagnosed_on_the_device_it_trained_on(finished, tmp_path, m
     monkeypatch.setattr(C, "load_target", lambda name, device="cpu", **k: loaded.append(device) or real_load(name, device, **k))
     compare(small_config(), resumed, command="pytest")
     assert asked == ["cpu"] and loaded == [torch.device("cpu")]
+
+
+@pytest.mark.parametrize("argv, diag_data", [
+    (["--data", "my.txt"], "my.txt"),  # diagnosed on the text the runs trained on (its held-out split)
+    (["--data", "my.txt", "--diag-data", "builtin"], "builtin"),  # unless told otherwise
+    ([], "builtin"),
+])
+def test_a_compare_is_diagnosed_on_its_training_data_unless_told_otherwise(argv, diag_data):
+    """The diagnosis used to read the built-in Bible whatever --data the runs trained on: a compare on the
+    open-english corpus was diagnosed on 34k Bible tokens. Flags, the library's default and ViT presets agree."""
+    from depthlab.cli import build_parser
+    from depthlab.cli.compare import build_config
+
+    args = build_parser().parse_args(["compare", "--schemes", "pre,lns", "--out", "x", *argv])
+    cfg = build_config(args)
+    assert cfg.diagnose.data == diag_data and cfg.diagnose.tokens == 16384
+    lib = CompareConfig(schemes=["pre"], train=TrainConfig(data="my.txt"))
+    assert lib.diagnose.data == "my.txt" and lib.diagnose.tokens == 16384 and not lib.diagnose.progress
+    vit = CompareConfig(schemes=["pre"], preset="vit-tiny", train=TrainConfig(data="digits"))
+    assert vit.diagnose.data == DiagnoseOptions().data  # ViT runs diagnose on their own held-out images
