@@ -40,8 +40,9 @@ TRAIN = Section("train", TrainConfig, exclude=("seed",), title="training (every 
                 helps={"data": "training data (default builtin: the King James Bible; ViT presets: digits, or a folder "
                                "of class sub-folders, or hf:NAME)"})
 DIAGNOSE = Section("diagnose", DiagnoseOptions, prefix="diag-", exclude=("progress", "stream"), rename={"jacobian": "jacobian"},
-                   title="diagnosis (every run)", helps={"tokens": "held-out tokens for the diagnostics (default 16384)",
-                                                         "data": "text to diagnose on (default: the training --data, its held-out split)"})
+                   title="diagnosis (every run)",
+                   helps={"tokens": "held-out tokens for the diagnostics (default 16384)",
+                          "data": "text to diagnose on (default: the training --data, its held-out split)"})
 DOWNSTREAM = Section("downstream", Downstream, prefix="finetune-", title="downstream (paper Table 2): fine-tune each "
                      "run, then evaluate it", rename={"finetune": "finetune", "tasks": "eval", "limit": "eval-limit",
                                                       "eval_batch_size": "task-batch-size"})
