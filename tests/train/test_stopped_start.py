@@ -65,5 +65,6 @@ def test_a_directory_that_is_not_a_stopped_run_is_still_refused(tmp_path, capsys
     (out / "config.json").write_text(json.dumps({"model": {}, "train": {}}))
     (out / "notes.txt").write_text("keep me")
     assert main(_argv(tmp_path / "nope.jsonl", out)) == 2
-    assert "already exists" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "notes.txt" in err and "starting it afresh" not in err
     assert (out / "notes.txt").read_text() == "keep me"

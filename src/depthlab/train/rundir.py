@@ -83,16 +83,22 @@ def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: 
     cfg = train_cfg.resolve(model_cfg, env.world_size)
     tok = tokenizer if tokenizer is not None and not resume else resolve_tokenizer(cfg, out, resume, env)
     cfg = cfg.replace(tokenizer=tok.spec)
-    if not ((resume or tokenizer is not None) and tok.vocab_size <= model_cfg.vocab_size):
-        model_cfg = model_cfg.replace(vocab_size=tok.vocab_size)  # a fresh model: the tokenizer's vocabulary
-    # else: a model that comes with weights keeps its embedding, padded past the tokenizer as many HF models ship
-    # (Qwen2: 151936 rows for 151665 tokens); a tokenizer larger than the embedding is refused when they load
+    model_cfg = model_cfg.replace(vocab_size=embedding_rows(tok.vocab_size, model_cfg, saved, tokenizer is not None))
     changed, at = {}, None
     if saved is not None:
         check_inputs(saved, tok, cfg, out)  # first: a swapped tokenizer also changes vocab_size
         changed, at = check_resume(saved, model_cfg, cfg, out, allow_changed), latest_step(out)
     return RunSetup(out, model_cfg, cfg, tok, resume, saved, changed, defaulted=defaulted_keys(train_cfg),
                     resumed_at=at)
+
+
+def embedding_rows(n_tokens: int, model_cfg: ModelConfig, saved: dict[str, Any] | None, with_weights: bool) -> int:
+    """The model's vocabulary size: the tokenizer's for a fresh model; a model that comes with weights (``with_weights``:
+    fine-tuning, ``--init-from``) or a resumed run (``saved``) keeps its embedding when it is padded past the
+    tokenizer, as many HF models ship (Qwen2: 151936 rows for 151665 tokens)."""
+    rows = (saved.get("model") or {}).get("vocab_size") if saved is not None else \
+        model_cfg.vocab_size if with_weights else None
+    return rows if isinstance(rows, int) and rows >= n_tokens else n_tokens
 
 
 def check_fresh_out(out: Path) -> None:
