@@ -171,6 +171,43 @@ def test_lns_equals_a_naive_scaling_of_the_pre_norms_and_folds(model_type, tmp_p
     assert (plain - want).abs().max() > 1e-3  # the scaling changes the function
 
 
+@pytest.mark.parametrize("model_type", [t for t in PRUNE if FAMILIES[t].why_not("lns") is None])
+def test_an_lns_checkpoint_pruned_shard_by_shard_folds_each_kept_blocks_scale(model_type, tmp_path_factory, tmp_path):
+    """The marker-carrying checkpoint cut file by file: each kept block's pre-norms (weight, bias; Gemma's 1 + w)
+    carry its original depth's 1/sqrt(l); plain transformers then computes the LNS model with block 2 skipped."""
+    import copy
+
+    model, _ = tiny(model_type, tmp_path_factory)
+    lns = apply_layernorm_scaling(copy.deepcopy(model))
+    lns.save_pretrained(tmp_path / "lns")
+    write_pruned_shards(tmp_path / "lns", [2], tmp_path / "pruned")
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "pruned")).eval()
+    assert getattr(loaded.config, "layernorm_scaling", None) is None
+    with torch.no_grad():
+        got = loaded(input_ids=IDS, use_cache=False).logits
+    torch.testing.assert_close(got, _skipping(lns, 2), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt2"])
+def test_prune_target_streamed_gives_the_in_memory_choice(model_type, tmp_path_factory, tmp_path):
+    """The whole streamed prune (survey, greedy sweeps, shard cut, check) on a MoE family and a tied GPT-2."""
+    from depthlab.prune import PruneOptions, prune_target
+
+    _, path = tiny(model_type, tmp_path_factory)
+    opts = dict(method="removal", remove=1, data="builtin", tokens=64, seq_len=16, batch_size=2, progress=False,
+                latency_tokens=2)
+    streamed = prune_target(str(path), PruneOptions(**opts, stream=True), tmp_path / "s")
+    in_memory = prune_target(load_target(str(path)), PruneOptions(**opts), tmp_path / "m")
+    assert (streamed["engine"]["name"], in_memory["engine"]["name"]) == ("streamed", "in-memory")
+    assert streamed["removed_blocks"] == in_memory["removed_blocks"]
+    assert streamed["loss"]["pruned"] == pytest.approx(in_memory["loss"]["pruned"], abs=1e-5)
+    assert streamed["export"]["generate_cache_matches_no_cache"] is True
+    assert streamed["export"]["max_abs_logit_diff"] <= 1e-4
+    assert streamed["cost"]["original"]["params"] == in_memory["cost"]["original"]["params"]
+
+
 @pytest.mark.parametrize("model_type", READ)
 def test_monitor_finds_the_blocks_without_layers(model_type, tmp_path_factory):
     model, _ = tiny(model_type, tmp_path_factory)
