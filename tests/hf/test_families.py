@@ -7,7 +7,7 @@ transformers' own ``AutoConfig.for_model`` + ``from_config`` and saved with ``sa
   forward written here), cached ``generate`` equals uncached, and every per-layer config fact is cut;
 - LayerNorm Scaling: the hooked model equals a naive one (each pre-norm wrapped by hand), and its fold equals both;
 - DepthMonitor finds the blocks with no ``layers=``;
-- a refused capability is one line naming why (Gemma 4 streaming, OLMo 2 LNS, DeepSeek-V4).
+- a refused capability is one line naming why (Gemma 4 streaming, OLMo 2 LNS, DeepSeek-V4 streaming).
 """
 
 from __future__ import annotations
@@ -208,6 +208,26 @@ def test_prune_target_streamed_gives_the_in_memory_choice(model_type, tmp_path_f
     assert streamed["cost"]["original"]["params"] == in_memory["cost"]["original"]["params"]
 
 
+def test_a_multi_stream_state_is_measured_whole(tmp_path_factory):
+    """DeepSeek-V4 passes (B, T, n, D) between blocks: the capture measures the whole (B, T, n·D) state, as depthlab's
+    mhc scheme does (its streams travel as one (B, T, n·D) tensor), and its replay hands the blocks their own shape."""
+    from depthlab.analysis.diagnostics.capture import ResidualCapture
+
+    model, _ = tiny("deepseek_v4", tmp_path_factory)
+    seen = []
+    hook = get_path(model, "model.layers")[1].register_forward_pre_hook(
+        lambda m, a, k: seen.append((a[0] if a else k["hidden_states"]).clone()) and None, with_kwargs=True)
+    try:
+        cap = ResidualCapture(model, find_layers(model), lambda ids: model(input_ids=ids, use_cache=False).logits)
+        _, states = cap.run(IDS)
+    finally:
+        hook.remove()
+    n, d = seen[0].shape[2:]
+    assert n > 1 and states[1].shape == (*IDS.shape, n * d)
+    torch.testing.assert_close(states[1], seen[0].flatten(2))
+    torch.testing.assert_close(cap.run_skipping(IDS, states, {2}), _skipping(model, 2), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("model_type", READ)
 def test_monitor_finds_the_blocks_without_layers(model_type, tmp_path_factory):
     model, _ = tiny(model_type, tmp_path_factory)
@@ -225,5 +245,5 @@ def test_refused_capabilities_say_why_in_one_line(tmp_path_factory):
     assert "\n" not in str(err.value)
     with pytest.raises(DepthlabError, match="not a family it knows; supported: llama, mistral"):
         family_of("bert", "prune")
-    with pytest.raises(DepthlabError, match="mHC"):
-        family_of("deepseek_v4", "diagnose")
+    with pytest.raises(DepthlabError, match="hash-routed"):
+        family_of("deepseek_v4", "stream")

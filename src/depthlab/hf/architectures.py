@@ -137,9 +137,8 @@ _FAMILIES: tuple[Family, ...] = (
            index_rules=("decoder_sparse_step",), tiny={**_MOE4, **_LINEAR, "shared_expert_intermediate_size": 32}),
     Family("deepseek_v4", "DeepSeek-V4", "multi-stream",
            tiny={"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
-           refused={c: "DeepSeek-V4's blocks pass an n-stream mHC state [B, T, n, D] and route by token id; depthlab "
-                       "has not defined its angular distance, variance and removal on that state yet"
-                    for c in ("diagnose", "stream", "prune", "lns", "monitor")}),
+           refused={"stream": "DeepSeek-V4's hash-routed MoE layers read the token ids inside each block and its head "
+                              "collapses the mHC streams first, which the layer-by-layer engine does not carry yet"}),
 )
 
 #: model_type -> its entry.

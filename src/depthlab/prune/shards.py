@@ -95,6 +95,22 @@ def _write_shard(src: Path, out: Path, keep: dict[str, str], folded: dict[str, b
     return offset
 
 
+def module_keys(config: Any, keys: list[str]) -> dict[str, str]:
+    """Checkpoint key -> the module key transformers loads it into (the same but where the family's checkpoint
+    format renames, e.g. DeepSeek-V4's norms): which stored tensor is a pre-norm is decided on the module's name."""
+    from transformers import AutoModelForCausalLM
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, rename_source_key
+
+    with torch.device("meta"):
+        mapping = get_model_conversion_mapping(AutoModelForCausalLM.from_config(config))
+    if not mapping:
+        return {k: k for k in keys}
+    renamings = [t for t in mapping if not isinstance(t, WeightConverter)]
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+    return {k: rename_source_key(k, renamings, converters)[0] for k in keys}
+
+
 def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | None) -> tuple[Any, list[int], bool]:
     """(the pruned config, the kept 0-based layers, whether LNS is folded) of the checkpoint in ``src``; refuses a
     family that cannot be pruned, before anything is written."""
@@ -144,12 +160,13 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
     plans = [(f, names) for f, names in plans if names]
     single = len(plans) == 1
     weight_map, total = {}, 0
+    as_module = module_keys(config, [k for _, names in plans for k in names]) if lns else {}
     for k, (file, names) in enumerate(plans, start=1):
         shard = "model.safetensors" if single else f"model-{k:05d}-of-{len(plans):05d}.safetensors"
         folded = {}
         if lns:
             for old_name, new_name in names.items():
-                m = pattern.match(old_name)
+                m = pattern.match(as_module[old_name])
                 if m and any(m.group(3) in (f".{norm}.weight", f".{norm}.bias") for norm in fam.pre_norms):
                     folded[new_name] = _folded(file, old_name, lns_scale(int(m.group(2)) + 1), fam.norm_offset)
         total += _write_shard(file, out / shard, names, folded)
