@@ -1,16 +1,17 @@
 """``diagnose`` streamed against in memory on every streamable family of the registry (depthlab.hf.architectures).
 
-    python benchmarks/families_stream.py                          # every family, 3 interleaved rounds
-    python benchmarks/families_stream.py --families mixtral llama --rounds 5
+    python benchmarks/families_stream.py --out benchmarks/results   # every family, 3 rounds; the committed result
+    python benchmarks/families_stream.py --families mixtral llama --rounds 5   # into ~/.cache/depthlab/bench-results
 
 For each family: its tiny random model (``tiny_config``: width 32, vocabulary 300; here 8 layers) built with
 ``from_config`` and saved with ``save_pretrained`` into a temporary directory, then ``diagnose`` (angular distance of
 all pairs, variance, the removal sweep; no Jacobian) on ``--tokens`` built-in tokens, opened and run in memory
 (``diagnose(load_target(DIR))``) and streamed (``diagnose(DIR, stream=True)``), the two interleaved over ``--rounds``
 (the order alternating). Reports the median wall time of each, their ratio and the largest |Δ| between the two
-reports' numbers, in ``results/families_stream_cpu.json`` with the machine (CPU model from /proc/cpuinfo), versions
-and command. On models this small both engines are dominated by fixed costs (building the skeleton, recording the
-layer calls, Python per layer): the ratio says what streaming costs where it is not needed, not how it scales.
+reports' numbers, in ``families_stream_cpu.json`` (bench_out.result_path: ``--out``) with the machine (CPU model
+from /proc/cpuinfo), versions and command. On models this small both engines are dominated by fixed costs
+(building the skeleton, recording the layer calls, Python per layer): the ratio says what streaming costs where it
+is not needed, not how it scales.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_out import result_path  # noqa: E402 - a sibling module
 
 
 def machine() -> dict:
@@ -109,7 +112,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--result", default=str(RESULTS / "families_stream_cpu.json"))
+    ap.add_argument("--out", default=None, help="folder or .json file (default: outside the checkout)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     families = args.families or supporting("stream")
@@ -121,10 +124,11 @@ def main() -> None:
             print(model_type, json.dumps(out[model_type]["seconds"]), out[model_type]["ratio_streamed_over_in_memory"],
                   f"max|Δ|={out[model_type]['max_abs_diff']:.2g}", flush=True)
     record = {"command": "python " + shlex.join(["benchmarks/families_stream.py", *sys.argv[1:]]), **machine(),
-              "settings": {k: v for k, v in vars(args).items() if k not in ("result", "families")},
+              "settings": {k: v for k, v in vars(args).items() if k not in ("out", "families")},
               "load_average_before": load_before, "load_average_after": list(os.getloadavg()), "families": out}
-    Path(args.result).write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {args.result}")
+    path = result_path("families_stream_cpu.json", args.out)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
