@@ -39,12 +39,15 @@ DYNAMIC_SCALE_INIT = 0.01
 
 
 def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
-    """Sinkhorn-Knopp on exp(logits) (..., n, n): ``iters`` rounds of row then column normalisation,
-    so the result's columns sum to 1 exactly and its rows to within the method's convergence."""
+    """Sinkhorn-Knopp on exp(logits) (..., n, n), laid out [out stream, in stream]: ``iters`` rounds of
+    normalising each column (over the output streams) and then each row (over the input streams), in
+    DeepSeek-V4's order (its ``hc_split_sinkhorn``: a softmax over the output streams, then alternating).
+    The rows sum to 1 exactly, so every output stream is a convex combination of the input streams; the
+    columns sum to 1 to within the method's convergence."""
     m = torch.exp(logits.float() - logits.float().amax(dim=(-2, -1), keepdim=True))
     for _ in range(iters):
-        m = m / m.sum(dim=-1, keepdim=True)
         m = m / m.sum(dim=-2, keepdim=True)
+        m = m / m.sum(dim=-1, keepdim=True)
     return m.to(logits.dtype)
 
 
