@@ -385,7 +385,7 @@ def attnres_slots(n_layers: int, blocks: int) -> tuple[list[str], list[tuple[tup
 
 
 def _attnres_depth(p: Parts, reader: str, labels: list[str], read: int) -> "nn.Module":
-    return N.DepthAttention(p.d_model, p.norm(), reader, tuple(labels[:read]))
+    return N.DepthAttention(p.d_model, reader, tuple(labels[:read]))
 
 
 def _attnres(p, opts, layer):

@@ -9,7 +9,8 @@ norm, a :class:`DepthAttention` with its own pseudo-query ``w`` reads the source
     alpha_i = softmax_i( w · RMSNorm(v_i) ),    h = Σ_i alpha_i v_i            (paper eqs. 2-4)
 
 ``w`` starts at zero, so every reader starts as the plain average of its sources, and the RMSNorm (with
-its own gain) keeps a large source from dominating the weights. Equations and sources: docs/paper.md §9.9.
+its own gain) keeps a large source from dominating the weights. The keys' norm is an RMSNorm for every
+model family (as in the official code). Equations and sources: docs/paper.md §9.9.
 
 **The interface.** Between blocks the sources travel as ONE tensor (B, T, S·D), slot-major (slot k is
 channels k·D .. (k+1)·D - 1), with every slot not yet written at zero: each block still maps (B, T, X) ->
@@ -31,31 +32,39 @@ Rope = tuple[torch.Tensor, torch.Tensor]
 class DepthAttention(nn.Module):
     """Softmax attention over depth sources with one learned pseudo-query (zero at init).
 
-    ``reader`` names this reader and ``sources`` the sources it reads, in slot order (labels for the
-    depth-attention map of ``diagnose``); ``softmax`` is a module so that the weights can be read with a
-    forward hook on it (``depthlab.analysis.diagnostics.depthmap``)."""
+    The keys are the sources through an RMSNorm with its own gain ``key_gain`` (the official code's
+    ``attn_res_norm``), computed fused: ``w · (γ ⊙ v / rms(v)) = (v · (γ ⊙ w)) / rms(v)``, so no normalised
+    copy of the K sources is made. ``reader`` names this reader and ``sources`` the sources it reads, in slot
+    order (labels for the depth-attention map of ``diagnose``); ``softmax`` is a module so that the weights
+    can be read with a forward hook on it (``depthlab.analysis.diagnostics.depthmap``)."""
 
-    def __init__(self, d_model: int, norm: nn.Module, reader: str, sources: tuple[str, ...]) -> None:
+    def __init__(self, d_model: int, reader: str, sources: tuple[str, ...], eps: float = 1e-6) -> None:
         super().__init__()
         self.query = nn.Parameter(torch.zeros(d_model))  # w: the official code's proj = Linear(d, 1, bias=False)
-        self.norm = norm  # the keys' RMSNorm (the family's norm, with its gain)
+        self.key_gain = nn.Parameter(torch.ones(d_model))  # γ of the keys' RMSNorm
+        self.eps = eps
         self.softmax = nn.Softmax(dim=-1)
         self.reader, self.sources = reader, tuple(sources)
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.query)
+        nn.init.ones_(self.key_gain)
 
     def forward(self, V: torch.Tensor) -> torch.Tensor:  # (B, T, K, D) -> (B, T, D)
-        alpha = self.softmax(self.norm(V) @ self.query)  # (B, T, K): weights over the K sources
+        ms = torch.linalg.vector_norm(V.float(), dim=-1).square() / V.shape[-1]  # (B, T, K): mean square of each source
+        logits = (V.float() @ (self.key_gain * self.query).float()) * torch.rsqrt(ms + self.eps)
+        alpha = self.softmax(logits).to(V.dtype)  # (B, T, K): weights over the K sources
         return torch.einsum("btk,btkd->btd", alpha, V)
 
     def extra_repr(self) -> str:
-        return f"reader={self.reader!r}, sources={len(self.sources)}"
+        return f"reader={self.reader!r}, sources={len(self.sources)}, eps={self.eps}"
 
 
 def add_to_slot(H: torch.Tensor, slot: int, y: torch.Tensor) -> torch.Tensor:
-    """``H`` (B, T, S, D) with ``y`` (B, T, D) added to slot ``slot`` (a new tensor; autograd-safe)."""
-    return torch.cat((H[..., :slot, :], (H[..., slot, :] + y).unsqueeze(-2), H[..., slot + 1:, :]), dim=-2)
+    """``H`` (B, T, S, D) with ``y`` (B, T, D) added to slot ``slot`` (out of place: one copy of ``H``, whose
+    gradient then passes back unchanged)."""
+    index = torch.full((1,), slot, dtype=torch.long, device=H.device)
+    return H.index_add(-2, index, y.unsqueeze(-2).to(H.dtype))
 
 
 class SourceExpand(nn.Module):
