@@ -38,18 +38,23 @@ def depth_read(op, sources):
     return torch.einsum("nbt,nbtd->btd", logits.softmax(0), V)
 
 
+def sub_layers(b, rope):
+    """Block b's attention and FFN branches, each with its pre-norm."""
+    return (lambda h: b.attn(rms(h, b.attn_norm.weight), rope)), (lambda h: b.ffn(rms(h, b.ffn_norm.weight)))
+
+
 def naive_attnres(model, ids, blocks):
     """Logits of an AttnRes model computed with Python lists of sources. Full: every sub-layer output is a
     source. Block: the official forward (a block boundary every ``size`` layers, counted from layer 0)."""
     T = ids.shape[1]
     rope, emb = model.rope(T, ids.device), model.embed(ids)
     size = -(-model.cfg.n_layers // blocks) if blocks else None
-    done, partial = [], emb  # Full: done = every source; Block: done = completed blocks, partial = b_n^i
+    done, partial = [emb], emb  # Full: done = every source; Block: done = completed blocks, partial = b_n^i
+    if size is not None:
+        done = []
     for i, b in enumerate(model.blocks):
-        attn = lambda h: b.attn(rms(h, b.attn_norm.weight), rope)  # noqa: E731
-        ffn = lambda h: b.ffn(rms(h, b.ffn_norm.weight))  # noqa: E731
+        attn, ffn = sub_layers(b, rope)
         if size is None:
-            done = done or [emb]
             done.append(attn(depth_read(b.attn_depth, done)))
             done.append(ffn(depth_read(b.ffn_depth, done)))
             continue

@@ -131,3 +131,23 @@ def jacobian_summary(layers: Sequence[int], rel_dist: Sequence[float], diag_shar
     if title:
         fig.suptitle(title, fontsize=10)
     return save(fig, path)
+
+
+def depth_attention_map(weights: Sequence[Sequence[float | None]], readers: Sequence[str], sources: Sequence[str],
+                        path: str | Path, title: str = "") -> Path:
+    """Attention Residuals' depth map: row = a reader (the input of ``attn l``, ``ffn l`` or the final norm),
+    column = a source it may read (the embedding, a sub-layer output or a block sum), colour = its softmax
+    weight averaged over the tokens; blank where the source comes after the reader."""
+    m = np.array([[np.nan if v is None else v for v in row] for row in weights], dtype=float)
+    R, S = m.shape
+    fig, ax = subplots(figsize=(min(2.5 + 0.22 * S, 12.0), min(2.0 + 0.2 * R, 12.0)))
+    im = ax.imshow(np.ma.masked_invalid(m), cmap="viridis", vmin=0.0, vmax=max(float(np.nanmax(m)), 1e-9),
+                   aspect="auto", interpolation="nearest")
+    step_s, step_r = max(1, S // 24), max(1, R // 24)
+    ax.set_xticks(range(0, S, step_s), [sources[i] for i in range(0, S, step_s)], rotation=90, fontsize=7)
+    ax.set_yticks(range(0, R, step_r), [readers[i] for i in range(0, R, step_r)], fontsize=7)
+    ax.set_xlabel("source (what is read)")
+    ax.set_ylabel("reader (the input of)")
+    fig.colorbar(im, ax=ax, label="mean softmax weight")
+    ax.set_title(title or "Depth attention: which earlier outputs each layer reads", fontsize=10)
+    return save(fig, path)
