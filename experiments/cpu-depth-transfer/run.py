@@ -10,7 +10,8 @@ Every run is the ``tiny`` preset (RoPE, SwiGLU, RMSNorm, the built-in corpus wit
 where it is Pre-LN, so its optimum there is the "tuned at the base depth" rate. No depth probes, no
 checkpoints kept: only the held-out loss (and the train loss) matters here. Runs go to ``--out``/runs/NAME,
 two at a time (``--jobs``), one CPU thread each, the longest first; rerunning skips finished runs, so a
-killed sweep continues. A run whose loss turns NaN/inf is recorded as diverged.
+killed sweep continues. A run whose loss turns NaN/inf is recorded as diverged. ``--around-best K`` runs a
+further seed only at the K rates nearest each (scheme, depth)'s best rate of the seeds already done.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--d-ff", type=int, default=176)
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--around-best", type=int, default=0, metavar="K",
+                   help="for each scheme and depth, only the K rates of --lrs nearest (in log) the best one of the "
+                        "runs already finished in --out (other seeds): a second seed where the optimum lies")
     return p.parse_args()
 
 
@@ -45,13 +49,34 @@ def run_name(scheme: str, depth: int, lr: float, seed: int) -> str:
     return f"{scheme.replace(':', '-').replace('=', '-')}-L{depth}-lr{lr:g}-seed{seed}"
 
 
+def finished(out: Path) -> list[dict]:
+    """The result rows of the runs finished in ``out``."""
+    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/result.json"))]
+
+
+def nearest_to_best(rows: list[dict], scheme: str, depth: int, lrs: list[float], k: int) -> list[float]:
+    """The ``k`` rates of ``lrs`` nearest (in log) the one with the lowest mean held-out loss in ``rows``."""
+    import math
+
+    losses: dict[float, list[float]] = {}
+    for r in rows:
+        if r["scheme"] == scheme and r["depth"] == depth:
+            losses.setdefault(r["lr"], []).append(math.inf if r["diverged"] else r["eval_loss"])
+    if not losses:
+        return lrs
+    best = min(losses, key=lambda lr: sum(losses[lr]) / len(losses[lr]))
+    return sorted(sorted(lrs, key=lambda lr: abs(math.log(lr / best)))[:k])
+
+
 def grid(args: argparse.Namespace) -> list[dict]:
     """Every run to do, seed by seed, the deepest (longest) first within a seed."""
-    runs = []
+    runs, done = [], finished(Path(args.out)) if args.around_best else []
+    lrs = [float(x) for x in args.lrs.split(",")]
     for seed in (int(s) for s in args.seeds.split(",")):
         for depth in sorted((int(d) for d in args.depths.split(",")), reverse=True):
             for scheme in args.schemes.split(","):
-                for lr in (float(x) for x in args.lrs.split(",")):
+                others = [r for r in done if r["seed"] != seed]
+                for lr in nearest_to_best(others, scheme, depth, lrs, args.around_best) if args.around_best else lrs:
                     runs.append(dict(scheme=scheme, depth=depth, lr=lr, seed=seed, steps=args.steps, width=args.width,
                                      heads=args.heads, d_ff=args.d_ff, name=run_name(scheme, depth, lr, seed)))
     return runs
