@@ -50,21 +50,29 @@ class DepthAttention(nn.Module):
         nn.init.zeros_(self.query)
         nn.init.ones_(self.key_gain)
 
-    def forward(self, V: torch.Tensor) -> torch.Tensor:  # (B, T, K, D) -> (B, T, D)
-        ms = torch.linalg.vector_norm(V.float(), dim=-1).square() / V.shape[-1]  # (B, T, K): mean square of each source
-        logits = (V.float() @ (self.key_gain * self.query).float()) * torch.rsqrt(ms + self.eps)
-        alpha = self.softmax(logits).to(V.dtype)  # (B, T, K): weights over the K sources
-        return torch.einsum("btk,btkd->btd", alpha, V)
+    def _logits(self, V: torch.Tensor) -> torch.Tensor:  # (..., D) -> (...): w · RMSNorm(v), fused
+        ms = torch.linalg.vector_norm(V.float(), dim=-1).square() / V.shape[-1]
+        return (V.float() @ (self.key_gain * self.query).float()) * torch.rsqrt(ms + self.eps)
+
+    def forward(self, V: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
+        """V: the sources (B, T, K, D) -> their weighted sum (B, T, D). ``last`` (B, T, D): one more source after
+        them, given apart (the slot the block's attention has just added to, before the state is rewritten)."""
+        logits = self._logits(V)  # (B, T, K)
+        if last is not None:
+            logits = torch.cat((logits, self._logits(last).unsqueeze(-1)), dim=-1)
+        alpha = self.softmax(logits).to(V.dtype)  # (B, T, K [+ 1]): weights over the sources
+        h = torch.einsum("btk,btkd->btd", alpha[..., :V.shape[-2]], V)
+        return h if last is None else h + alpha[..., -1:] * last
 
     def extra_repr(self) -> str:
         return f"reader={self.reader!r}, sources={len(self.sources)}, eps={self.eps}"
 
 
-def add_to_slot(H: torch.Tensor, slot: int, y: torch.Tensor) -> torch.Tensor:
-    """``H`` (B, T, S, D) with ``y`` (B, T, D) added to slot ``slot`` (out of place: one copy of ``H``, whose
-    gradient then passes back unchanged)."""
-    index = torch.full((1,), slot, dtype=torch.long, device=H.device)
-    return H.index_add(-2, index, y.unsqueeze(-2).to(H.dtype))
+def add_to_slots(H: torch.Tensor, slots: tuple[int, ...], ys: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``H`` (B, T, S, D) with each ``ys[i]`` (B, T, D) added to slot ``slots[i]`` (out of place: one copy of ``H``,
+    whose gradient then passes back unchanged; a slot named twice gets both)."""
+    index = torch.tensor(slots, dtype=torch.long, device=H.device)
+    return H.index_add(-2, index, torch.stack(ys, dim=-2).to(H.dtype))
 
 
 class SourceExpand(nn.Module):
@@ -117,14 +125,15 @@ class AttnResBlock(nn.Module):
         self.attn_depth, self.ffn_depth = attn_depth, ffn_depth
         self.slots = slots
         (self.attn_read, self.attn_write), (self.ffn_read, self.ffn_write) = attn_slots, ffn_slots
+        if self.ffn_read != self.attn_write + 1:
+            raise ValueError(f"the FFN must read up to the attention's slot {self.attn_write}, got {ffn_slots}")
 
     def forward(self, x: torch.Tensor, rope: Rope | None) -> torch.Tensor:  # (B, T, S·D) -> (B, T, S·D)
         H = x.unflatten(-1, (self.slots, -1))  # (B, T, S, D)
-        h = self.attn_depth(H[..., :self.attn_read, :])
-        H = add_to_slot(H, self.attn_write, self.attn(self.attn_norm(h), rope))
-        h = self.ffn_depth(H[..., :self.ffn_read, :])
-        H = add_to_slot(H, self.ffn_write, self.ffn(self.ffn_norm(h)))
-        return H.flatten(-2)
+        a = self.attn(self.attn_norm(self.attn_depth(H[..., :self.attn_read, :])), rope)
+        written = H[..., self.attn_write, :] + a  # the FFN reads the slots before it, then this one
+        f = self.ffn(self.ffn_norm(self.ffn_depth(H[..., :self.attn_write, :], written)))
+        return add_to_slots(H, (self.attn_write, self.ffn_write), (a, f)).flatten(-2)  # one copy of the state
 
     def extra_repr(self) -> str:
         return (f"layer={self.layer}, slots={self.slots}, attn reads {self.attn_read} writes {self.attn_write}, "
