@@ -13,8 +13,9 @@ the README.
   log2(lr*) against log2(depth) (least squares, with its standard error): 0 means the rate transfers.
 - **Transfer penalty**: the loss at the rate that is best at the shallowest depth, minus the loss at each depth's
   own best rate (both on the grid): what tuning at the base depth and transferring costs.
-- **Loss against depth** at each depth's best rate: L(D) = E + A * D^-alpha (scipy's curve_fit, with the
-  standard errors of its covariance), and the pure power law log L = log A - alpha log D. "Inverse depth scaling"
+- **Loss against depth** at each depth's best rate: L(D) = E + A * D^-alpha (scipy's curve_fit with E in
+  [0, min L], A >= 0, alpha in [0, 5], and the standard errors of its covariance; a loss that does not fall
+  with depth pins it to a bound), and the pure power law log L = log A - alpha log D (any sign). "Inverse depth scaling"
   (Liu et al. 2026, arXiv:2602.05970) finds alpha ~ 1 for the depth-dependent part of LLM losses.
 """
 
@@ -41,12 +42,12 @@ def label(scheme: str) -> str:
     return scheme.split(":")[0]
 
 
-def table(rows: list[dict]) -> dict[str, dict[int, dict[float, list[float]]]]:
-    """scheme -> depth -> lr -> the held-out losses of its seeds (inf: diverged)."""
+def table(rows: list[dict]) -> dict[str, dict[int, dict[float, dict[int, float]]]]:
+    """scheme -> depth -> lr -> seed -> held-out loss (inf: diverged)."""
     out: dict = {}
     for r in rows:
         loss = math.inf if r["diverged"] or not math.isfinite(r["eval_loss"]) else r["eval_loss"]
-        out.setdefault(label(r["scheme"]), {}).setdefault(r["depth"], {}).setdefault(r["lr"], []).append(loss)
+        out.setdefault(label(r["scheme"]), {}).setdefault(r["depth"], {}).setdefault(r["lr"], {})[r["seed"]] = loss
     return out
 
 
@@ -88,7 +89,7 @@ def fit_depth(depths: list[int], losses: list[float]) -> dict:
         return out
     try:
         p, cov = curve_fit(lambda d, E, A, a: E + A * d ** -a, D, L, p0=(L.min() * 0.9, L.max() - L.min() + 0.1, 1.0),
-                           maxfev=20000)
+                           bounds=([0.0, 0.0, 0.0], [L.min(), np.inf, 5.0]), maxfev=20000)
         se = np.sqrt(np.diag(cov)) if np.all(np.isfinite(cov)) else [float("nan")] * 3
         out["offset_power_law"] = {"E": p[0], "A": p[1], "alpha": p[2], "E_se": se[0], "A_se": se[1], "alpha_se": se[2]}
     except (RuntimeError, ValueError) as err:
@@ -101,11 +102,11 @@ def analyse(t: dict) -> dict:
     out: dict = {}
     for scheme, by_depth in t.items():
         depths = sorted(by_depth)
-        mean = {D: {lr: float(np.mean(v)) for lr, v in by_depth[D].items()} for D in depths}
+        mean = {D: {lr: float(np.mean(list(v.values()))) for lr, v in by_depth[D].items()} for D in depths}
         opt = {D: optimum(mean[D]) for D in depths}
-        n_seeds = max(len(v) for D in depths for v in by_depth[D].values())
-        seeds = [{D: optimum({lr: v[s] for lr, v in by_depth[D].items() if len(v) > s})[0] for D in depths
-                  if all(len(v) > s for v in by_depth[D].values())} for s in range(n_seeds)]
+        all_seeds = sorted({s for D in depths for v in by_depth[D].values() for s in v})
+        seeds = [{D: optimum({lr: v[s] for lr, v in by_depth[D].items() if s in v})[0] for D in depths
+                  if sum(s in v for v in by_depth[D].values()) >= 3} for s in all_seeds]
         base = min(mean[depths[0]], key=mean[depths[0]].get)  # the grid rate that is best at the shallowest depth
         penalty = {D: mean[D].get(base, math.inf) - min(mean[D].values()) for D in depths}
         drift = slope([math.log2(D) for D in depths], [math.log2(opt[D][0]) for D in depths])
@@ -127,7 +128,7 @@ def figures(t: dict, res: dict, out: Path) -> None:
     for ax, scheme in zip(axes[0], schemes):
         for D, by_lr in sorted(t[scheme].items()):
             lrs = sorted(by_lr)
-            m = [np.mean(by_lr[lr]) for lr in lrs]
+            m = [np.mean(list(by_lr[lr].values())) for lr in lrs]
             ax.plot(lrs, m, marker="o", ms=3, color=cmap[D], label=f"L = {D}")
             ax.plot([res[scheme]["optimum_lr"][D]], [res[scheme]["optimum_loss"][D]], marker="*", ms=10, color=cmap[D])
         ax.set_xscale("log", base=2)
@@ -135,7 +136,7 @@ def figures(t: dict, res: dict, out: Path) -> None:
         ax.set_xlabel("peak learning rate")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("held-out loss (mean over seeds)")
-    lo = min(min(np.mean(v) for v in by_lr.values()) for s in t.values() for by_lr in s.values())
+    lo = min(min(np.mean(list(v.values())) for v in by_lr.values()) for s in t.values() for by_lr in s.values())
     axes[0][0].set_ylim(lo - 0.05, lo + 1.2)
     axes[0][-1].legend(fontsize=7)
     save(fig, out / "loss_vs_lr.png")
