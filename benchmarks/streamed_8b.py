@@ -12,7 +12,7 @@
    128,256, RoPE theta 500,000; seeded N(0, 0.02) weights, unit norms; bf16 safetensors shards of ~5 GB, a
    byte-level tokenizer) into ``--cache-dir``, tensor by tensor in row chunks (a few hundred MB of memory),
    never into the repository; an existing complete checkpoint is reused;
-2. runs ``depthlab diagnose DIR --stream --dtype bf16 --tokens 256`` (all-pairs angular distance, the full
+2. runs ``depthlab diagnose DIR --stream --weights bf16 --tokens 256`` (all-pairs angular distance, the full
    removal sweep, no joint check) and ``depthlab prune DIR --remove 8 --method angular-block --stream``, each in
    a child process: wall time, peak RSS (``os.wait4``), bytes of weights read, achieved FLOP/s of the sweep;
 3. measures this machine's fp32 matmul throughput for the same shapes (the layer's seven projections at the
@@ -51,8 +51,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_out import result_path  # noqa: E402  (sibling module)
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 SHAPES = {
     "8b": dict(n_layers=32, d_model=4096, d_ff=14336, n_heads=32, n_kv_heads=8, vocab=128256, rope_theta=500000.0,
                max_pos=8192, remove=8),
@@ -317,7 +319,7 @@ def run_big(mode: str, args: argparse.Namespace) -> dict:
     ckpt = write_checkpoint(cache, s)
     for sub in ("diagnose", "pruned"):
         shutil.rmtree(out / sub, ignore_errors=True)
-    common = ["--stream", "--dtype", "bf16", "--tokens", str(T), "--seq-len", str(T), "--batch-size", "1"]
+    common = ["--stream", "--weights", "bf16", "--tokens", str(T), "--seq-len", str(T), "--batch-size", "1"]
     diag = run_child(depthlab("diagnose", str(cache), *common, "--no-joint-check", "--out", str(out / "diagnose")),
                      out / "diagnose.log")
     rep = json.loads((out / "diagnose" / "report.json").read_text())
@@ -489,7 +491,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="timed repetitions (smollm2: interleaved rounds)")
     ap.add_argument("--cache-dir", help="where the checkpoint is written (default ~/.cache/depthlab/bench/...)")
     ap.add_argument("--out", help="where the runs write (default ~/.cache/depthlab/bench/...-runs)")
-    ap.add_argument("--result", help="result JSON (default benchmarks/results/streamed_<mode>_cpu.json)")
+    ap.add_argument("--result", help="result folder or .json file (default streamed_<mode>_cpu.json outside the "
+                    "checkout; --result benchmarks/results updates the committed one)")
     args = ap.parse_args()
     if args.tokens is None and not (args.smollm2 or args.rows or args.rows_ab):
         args.tokens = 256
@@ -507,8 +510,7 @@ def main() -> None:
         result = run_big(mode, args)
     record = {"command": "python " + shlex.join(["benchmarks/streamed_8b.py", *sys.argv[1:]]), **machine(), **result}
     record["machine"]["load_average"], record["machine"]["load_average_after"] = load_before, list(os.getloadavg())
-    path = Path(args.result or RESULTS / f"streamed_{mode}_cpu.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = result_path(f"streamed_{mode}_cpu.json", args.result)
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(json.dumps({k: v for k, v in record.items() if k not in ("versions",)}, indent=1, default=str)[:6000])
     print(f"wrote {path}")

@@ -7,11 +7,15 @@ usage:
     python benchmarks/train_throughput.py --preset llama-130m --seq-len 1024 --batch-size 16 --device cuda \\
         --variants pre+bf16,lns+bf16,pre+bf16+compile,lns+bf16+compile,hf+bf16,official   # benchmarks/gpu/
 
-Variants (``--variants``, comma-separated), each ``MODEL[+bf16][+compile]``:
+Variants (``--variants``, comma-separated), each ``MODEL[+bf16][+compile][+cudagraphs][+sync]``:
 - ``pre``, ``lns`` (any depthlab scheme): one optimizer step of depthlab's trainer
   (``depthlab.train.step.train_step``: its Forward, loss accumulation, lr schedule and optimizer, i.e. fused
   AdamW on CPU and CUDA); ``+bf16`` = ``--dtype bf16`` (autocast, fp32 master weights); ``+compile`` =
-  ``--compile`` (forward + loss compiled with inductor; backward and optimizer eager).
+  ``--compile`` (forward + loss + their backward compiled with inductor; the optimizer eager), as the trainer
+  compiles it (LNS's constant scales lifted to data first); ``+sync`` reads the loss after every step, as the
+  trainer did before its steps stopped waiting for the device (a host sync per step: the A/B of that change);
+  ``+cudagraphs`` compiles with ``mode="reduce-overhead"`` (the compiled forward and backward replayed as CUDA
+  graphs: no kernel launches from the host; implies ``+compile``; the trainer does not offer it yet).
 - ``hf``: a plain loop over ``transformers.LlamaForCausalLM`` of the same shape (SDPA attention): forward,
   cross-entropy, backward, ``torch.optim.AdamW`` with torch's default implementation for the device,
   zero_grad; ``+bf16`` autocasts its forward; ``+compile`` compiles its forward + loss.
@@ -22,6 +26,8 @@ Variants (``--variants``, comma-separated), each ``MODEL[+bf16][+compile]``:
 Every step reads the same random token batch from CPU memory (data loading is not measured).
 
 Measurement protocol
+- ``--repeats 0`` runs the warm-up only: the first (compiling) step of each variant, e.g. to time a cold compile
+  or to fill the inductor cache for a later run.
 - ``--warmup`` steps per variant first, untimed (they trigger compilation; the first step's time is
   recorded as ``first_step_s``, so a compiled variant's compile cost is known: break-even steps =
   (first_step_s - step_s) / (eager step_s - step_s)).
@@ -49,7 +55,6 @@ The result (device, versions, the exact command, the load average, every raw tim
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shlex
@@ -64,6 +69,9 @@ import torch
 import torch.nn.functional as F
 
 import depthlab
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_out import result_path  # noqa: E402  (sibling module)
 
 #: Dense peak tensor-core TFLOP/s by (device-name fragment, dtype); first match wins.
 #: Sources: NVIDIA H100 / H200 / A100 / L4 data sheets ("with sparsity" figures halved).
@@ -92,6 +100,8 @@ class Variant:
     model: str  # a depthlab scheme, "hf" or "official"
     bf16: bool
     compile: bool
+    sync: bool = False  # read the loss after every step (a host-device sync)
+    cudagraphs: bool = False  # torch.compile(mode="reduce-overhead")
 
     @property
     def dtype(self) -> str:
@@ -100,16 +110,19 @@ class Variant:
 
 def parse_variant(spec: str) -> Variant:
     model, *flags = spec.strip().split("+")
-    unknown = [f for f in flags if f not in ("bf16", "compile")]
+    unknown = [f for f in flags if f not in ("bf16", "compile", "cudagraphs", "sync")]
     if unknown or not model:
-        raise ValueError(f"variant {spec!r}: MODEL[+bf16][+compile], unknown part(s) {unknown}")
+        raise ValueError(f"variant {spec!r}: MODEL[+bf16][+compile][+cudagraphs][+sync], unknown part(s) {unknown}")
     if model == "official" and flags:
         raise ValueError("the official-style loop is pure bf16 and uncompiled by definition: no +flags")
+    if model == "hf" and "sync" in flags:
+        raise ValueError("+sync is for depthlab's trainer step (the HF loop never reads its loss)")
     if model not in HF_KINDS:
         from depthlab.models.schemes import get_scheme
 
         get_scheme(model)  # an unknown scheme fails here, naming the valid ones
-    return Variant(spec.strip(), model, "bf16" in flags, "compile" in flags)
+    graphs = "cudagraphs" in flags
+    return Variant(spec.strip(), model, "bf16" in flags, "compile" in flags or graphs, "sync" in flags, graphs)
 
 
 class FixedBatch:
@@ -134,8 +147,10 @@ def hf_llama(cfg: depthlab.ModelConfig) -> torch.nn.Module:
     return LlamaForCausalLM(hf_cfg)
 
 
-def trainer_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device: torch.device, seed: int):
-    """(model, step closure) running depthlab's own optimizer step on ``data``."""
+def trainer_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device: torch.device, seed: int,
+                 micro: int | None = None):
+    """(model, step closure) running depthlab's own optimizer step on ``data`` (``micro`` sequences per forward:
+    the batch accumulated over micro-batches, as ``--micro-batch-size`` does)."""
     from depthlab.train import distributed as D
     from depthlab.train.config import TrainConfig
     from depthlab.train.optim import build_optimizer
@@ -144,17 +159,26 @@ def trainer_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device
     torch.manual_seed(seed)
     model = depthlab.build_model(cfg.replace(scheme=v.model), device=device).train()
     batch = data.x.shape[0]
-    tcfg = TrainConfig(optimizer="adamw", lr=1e-4, warmup=0, steps=10**9, batch_size=batch, micro_batch_size=batch,
+    tcfg = TrainConfig(optimizer="adamw", lr=1e-4, warmup=0, steps=10**9, batch_size=batch, micro_batch_size=micro or batch,
                        seq_len=data.x.shape[1], device=str(device), dtype="bf16" if v.bf16 else "fp32", compile=v.compile)
     module, env = D.LMLoss(model), D.DistEnv()
-    forward = Forward(module, device, autocast_for(tcfg, device), compile_for_training(module) if v.compile else None)
+    mode = "reduce-overhead" if v.cudagraphs else None
+    forward = Forward(module, device, autocast_for(tcfg, device), compile_for_training(module, mode) if v.compile else None)
     optimizer = build_optimizer(model, tcfg, device)
     counter = iter(range(1, 10**9))
-    return model, lambda: train_step(next(counter), forward, model, optimizer, data, tcfg, env)
+
+    def step() -> None:
+        res = train_step(next(counter), forward, model, optimizer, data, tcfg, env)
+        if v.sync:
+            res.loss  # noqa: B018 - reading it waits for the device, as every step of the loop used to
+
+    return model, step
 
 
-def hf_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device: torch.device, seed: int):
-    """(model, step closure) of a plain HF loop (``hf``) or the official-style loop (``official``)."""
+def hf_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device: torch.device, seed: int,
+            micro: int | None = None):
+    """(model, step closure) of a plain HF loop (``hf``) or the official-style loop (``official``); ``micro``
+    sequences per forward (gradients accumulated; the official loop reads each micro-step's loss)."""
     torch.manual_seed(seed)
     model = hf_llama(cfg).to(device).train()
     if v.model == "official":
@@ -165,15 +189,17 @@ def hf_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device: tor
         logits = model(input_ids=inp).logits
         return F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
 
-    fwd = torch.compile(loss_fn) if v.compile else loss_fn
+    fwd = torch.compile(loss_fn, mode="reduce-overhead" if v.cudagraphs else None) if v.compile else loss_fn
 
     def step() -> None:
         x, y = data.x.to(device, non_blocking=True), data.y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=v.bf16):
-            loss = fwd(x, y)
-        loss.backward()
-        if v.model == "official":
-            loss.item()  # the official loop logs every micro-step's loss: a device sync each time
+        size = micro or x.shape[0]
+        for i in range(0, x.shape[0], size):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=v.bf16):
+                loss = fwd(x[i:i + size], y[i:i + size]) * (size / x.shape[0])
+            loss.backward()
+            if v.model == "official":
+                loss.item()  # the official loop logs every micro-step's loss: a device sync each time
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -250,26 +276,45 @@ def environment(device: torch.device) -> dict:
 
 
 # ---------------------------------------------------------------------------------- measuring
-def build_all(variants: list[Variant], cfg, data: FixedBatch, device: torch.device, seed: int) -> dict:
+def build_all(variants: list[Variant], cfg, data: FixedBatch, device: torch.device, seed: int,
+              micro: int | None = None) -> dict:
     """name -> (model, step closure)."""
     out = {}
     for v in variants:
         make = hf_step if v.model in HF_KINDS else trainer_step
-        out[v.name] = make(v, cfg, data, device, seed)
+        out[v.name] = make(v, cfg, data, device, seed, micro)
     return out
 
 
-def warm_up(steps: dict, n: int, device: torch.device) -> dict[str, float]:
-    """Run ``n`` untimed steps of each variant (compiling the compiled ones); returns the first step's seconds."""
+def left(args: argparse.Namespace) -> float:
+    """Seconds left of ``--budget-s`` (inf without one)."""
+    return args.deadline - time.perf_counter()
+
+
+def warm_up(steps: dict, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    """Run ``args.warmup`` untimed steps of each variant (compiling the compiled ones) while the budget lasts;
+    returns the first step's seconds of each variant warmed up (the others are left out of the rounds: the budget
+    was spent, or the variant failed; ``args.errors`` says why, in one line)."""
     first = {}
     for name, (_, step) in steps.items():
-        for i in range(n):
-            sync(device)
-            t0 = time.perf_counter()
-            step()
-            sync(device)
-            if i == 0:
-                first[name] = time.perf_counter() - t0
+        if left(args) <= 0:
+            print(f"  warm-up {name}: skipped, the --budget-s is spent", flush=True)
+            continue
+        try:
+            for i in range(args.warmup):
+                sync(device)
+                t0 = time.perf_counter()
+                step()
+                sync(device)
+                if i == 0:
+                    first[name] = time.perf_counter() - t0
+        except Exception as err:  # noqa: BLE001 - one variant failing (e.g. out of memory) leaves the others measured
+            args.errors[name] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}"
+            first.pop(name, None)
+            print(f"  warm-up {name}: failed, {args.errors[name]}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
         print(f"  warm-up {name}: first step {first.get(name, 0):.1f}s", flush=True)
     return first
 
@@ -277,12 +322,18 @@ def warm_up(steps: dict, n: int, device: torch.device) -> dict[str, float]:
 def timed_rounds(steps: dict, args: argparse.Namespace, device: torch.device,
                  matmul: Callable[[], float]) -> tuple[dict, dict, list[float]]:
     """Interleaved rounds: seconds per round of ``args.steps`` steps, and peak memory (CUDA), per variant; and
-    ``matmul()`` (the fp32 matmul rate) once per round, so that the reference is measured at the same moments."""
+    ``matmul()`` (the fp32 matmul rate) once per round, so that the reference is measured at the same moments.
+    A round starts only when the budget has room for one more as long as the last (always at least one)."""
     names = list(steps)
     raw: dict[str, list[float]] = {n: [] for n in names}
     peak: dict[str, int | None] = {n: None for n in names}
-    rates = []
-    for r in range(args.repeats):
+    rates: list[float] = []
+    last_round = 0.0
+    for r in range(args.repeats if names else 0):
+        if r and left(args) < last_round:
+            print(f"  stopped after {r} round(s): the --budget-s has no room for another", flush=True)
+            break
+        t_round = time.perf_counter()
         rates.append(matmul())
         for n in names[r % len(names):] + names[: r % len(names)]:  # rotate the order each round
             if device.type == "cuda":
@@ -295,6 +346,7 @@ def timed_rounds(steps: dict, args: argparse.Namespace, device: torch.device,
             raw[n].append(time.perf_counter() - t0)
             if device.type == "cuda":
                 peak[n] = max(peak[n] or 0, torch.cuda.max_memory_allocated(device))
+        last_round = time.perf_counter() - t_round
         print(f"  round {r + 1}/{args.repeats}: " + "  ".join(f"{n} {raw[n][-1]:.2f}s" for n in names)
               + f"  (fp32 matmul {rates[-1]:.3f} TFLOP/s)", flush=True)
     return raw, peak, rates
@@ -302,17 +354,24 @@ def timed_rounds(steps: dict, args: argparse.Namespace, device: torch.device,
 
 def summarize(variants: list[Variant], built: dict, raw: dict, peak: dict, first: dict, args, cfg, rates: dict,
               peaks: dict) -> dict:
-    """Per variant: tokens/s (median, min, max), FLOP/s and its fractions, memory, compile cost."""
+    """Per variant: tokens/s (median, min, max), FLOP/s and its fractions, memory, compile cost (a variant the
+    budget left out: only why, and its first step when it had one)."""
     tokens_per_round = args.steps * args.batch_size * args.seq_len
     results = {}
     for v in variants:
+        if not raw.get(v.name):
+            why = "the --budget-s ran out" if args.repeats else "no timed rounds (--repeats 0: the warm-up only)"
+            why = args.errors.get(v.name, why)
+            results[v.name] = {"model": v.model, "skipped": why, "first_step_s": first.get(v.name)}
+            continue
         tps = [tokens_per_round / t for t in raw[v.name]]
         med = statistics.median(tps)
         n_mm = matmul_params(built[v.name][0], cfg)
         tflops = med * flops_per_token(n_mm, cfg, args.seq_len) / 1e12
         step_s = args.batch_size * args.seq_len / med
         results[v.name] = {
-            "model": v.model, "bf16": v.bf16, "compile": v.compile, "dtype": v.dtype,
+            "model": v.model, "bf16": v.bf16, "compile": v.compile, "cudagraphs": v.cudagraphs, "sync": v.sync,
+            "dtype": v.dtype,
             "tokens_per_s_median": med, "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
             "tokens_per_s_all": tps, "seconds_per_round": raw[v.name], "step_s": step_s,
             "first_step_s": first.get(v.name), "compile_s_estimate": (first[v.name] - step_s) if v.compile and v.name in first
@@ -326,13 +385,15 @@ def summarize(variants: list[Variant], built: dict, raw: dict, peak: dict, first
 
 def paired_ratios(raw: dict, variants: list[Variant]) -> dict[str, float]:
     """Median over rounds of (time of b / time of a) = tokens/s of a over b, measured at the same moment:
-    every variant over the first ``hf`` variant, and each ``lns...`` over its ``pre...`` twin."""
-    names = [v.name for v in variants]
+    every variant over the first ``hf`` variant, each ``lns...`` over its ``pre...`` twin, and each variant over
+    its ``+sync`` twin (variants the budget left out have no rounds, and no ratio)."""
+    names = [v.name for v in variants if raw.get(v.name)]
     pairs = []
     base = next((n for n in names if n.split("+")[0] == "hf"), None)
     if base:
         pairs += [(n, base) for n in names if n != base]
     pairs += [(n, "pre" + n[3:]) for n in names if n.startswith("lns") and "pre" + n[3:] in names]
+    pairs += [(n, n + "+sync") for n in names if n + "+sync" in names]
     return {f"{a}_over_{b}": statistics.median(tb / ta for ta, tb in zip(raw[a], raw[b])) for a, b in pairs}
 
 
@@ -342,6 +403,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--preset", default="llama-20m", help="depthlab preset (default llama-20m)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--micro-batch-size", type=int, default=None, help="sequences per forward (default: the whole "
+                   "batch); the batch is accumulated over micro-batches, one optimizer step")
     p.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant before the first round (>= 1)")
     p.add_argument("--repeats", type=int, default=8, help="rounds; each variant's tokens/s is the median")
@@ -351,11 +414,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset field (e.g. n_layers=2)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/...)")
+    p.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
+                   "--out benchmarks/results updates the committed one)")
+    p.add_argument("--budget-s", type=float, default=None, help="wall-time budget: variants not warmed up and rounds "
+                   "not started by then are left out, and what was measured is written (default: none)")
     args = p.parse_args(argv)
-    for name in ("seq_len", "batch_size", "steps", "repeats", "warmup"):
+    args.deadline = time.perf_counter() + (args.budget_s if args.budget_s else float("inf"))
+    args.errors = {}  # variant -> why its warm-up failed
+    for name in ("seq_len", "batch_size", "steps", "warmup"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.repeats < 0:
+        p.error(f"--repeats must be >= 0 (0: only the warm-up, e.g. to time the compile), got {args.repeats}")
+    if args.micro_batch_size is not None and (args.micro_batch_size < 1 or args.batch_size % args.micro_batch_size):
+        p.error(f"--micro-batch-size must divide --batch-size {args.batch_size}, got {args.micro_batch_size}")
     try:
         args.parsed = [parse_variant(s) for s in args.variants.split(",") if s.strip()]
     except (ValueError, depthlab.DepthlabError) as err:
@@ -365,7 +437,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def measure(args: argparse.Namespace) -> dict:
     """Build every variant, warm up, run the interleaved rounds; the report dict."""
-    device = torch.device(args.device)
+    from depthlab.base.devices import resolve_device
+
+    device = resolve_device(args.device)  # "cuda" -> cuda:<current>
     if args.threads:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
@@ -383,16 +457,20 @@ def measure(args: argparse.Namespace) -> dict:
     peaks = {dt: peak_tflops(env["device"], dt) if device.type == "cuda" else None for dt in rates}
     print(f"device {env['device']} | torch {torch.__version__} | threads {env['threads']} | matmul "
           + ", ".join(f"{k} {v:.3f} TFLOP/s" for k, v in rates.items()), flush=True)
-    built = build_all(args.parsed, cfg, data, device, args.seed)
+    built = build_all(args.parsed, cfg, data, device, args.seed, args.micro_batch_size)
     load_before = list(os.getloadavg())
-    first = warm_up(built, args.warmup, device)
-    raw, peak, fp32_rates = timed_rounds(built, args, device, lambda: matmul_tflops(device, torch.float32, n, 3))
-    rates["float32"] = statistics.median(fp32_rates)  # the same moments as the steps (a shared machine drifts)
+    first = warm_up(built, args, device)
+    built_warm = {k: v for k, v in built.items() if k in first}
+    raw, peak, fp32_rates = timed_rounds(built_warm, args, device, lambda: matmul_tflops(device, torch.float32, n, 3))
+    if fp32_rates:
+        rates["float32"] = statistics.median(fp32_rates)  # the same moments as the steps (a shared machine drifts)
     return {
         "benchmark": "train_throughput", "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         **env, "preset": args.preset, "model_config": cfg.to_dict(), "seq_len": args.seq_len,
-        "batch_size": args.batch_size, "steps_per_round": args.steps, "warmup_steps": args.warmup,
-        "repeats": args.repeats, "matmul_size": n, "matmul_tflops": rates, "fp32_matmul_tflops_per_round": fp32_rates,
+        "batch_size": args.batch_size, "micro_batch_size": args.micro_batch_size or args.batch_size,
+        "steps_per_round": args.steps, "warmup_steps": args.warmup,
+        "repeats": args.repeats, "budget_s": args.budget_s, "rounds_done": len(fp32_rates),
+        "matmul_size": n, "matmul_tflops": rates, "fp32_matmul_tflops_per_round": fp32_rates,
         "peak_tflops": peaks,
         "flops_convention": "PaLM: 6*N_matmul + 12*L*H*head_dim*T per token (non-causal attention count)",
         "results": summarize(args.parsed, built, raw, peak, first, args, cfg, rates, peaks),
@@ -406,6 +484,9 @@ def print_table(report: dict) -> None:
     print(f"\n{'variant':<22} {'tokens/s':>10} {'step s':>8} {'TFLOP/s':>8} {'of matmul':>9} {'MFU':>6} "
           f"{'first s':>8} {'peak GiB':>8}")
     for name, r in report["results"].items():
+        if "skipped" in r:
+            print(f"{name:<22} skipped: {r['skipped']}")
+            continue
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         mem = f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "-"
         print(f"{name:<22} {r['tokens_per_s_median']:>10.0f} {r['step_s']:>8.3f} {r['achieved_tflops']:>8.3f} "
@@ -420,12 +501,10 @@ def main(argv: list[str] | None = None) -> dict:
     report = measure(args)
     if argv is not None:
         report["command"] = "python benchmarks/train_throughput.py " + " ".join(shlex.quote(a) for a in argv)
-    out = Path(args.out) if args.out else (
-        Path(__file__).parent / "results" / f"train_throughput_{report['device_type']}_{args.preset}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(out)
+    out = result_path(f"train_throughput_{report['device_type']}_{args.preset}.json", args.out)
+    from depthlab.base.fileio import write_json_atomic
+
+    write_json_atomic(out, report)
     print_table(report)
     print(f"wrote {out}")
     return report

@@ -1,47 +1,89 @@
 """Runbook (b): the science run: ``compare --schemes pre,lns`` with depth tracking on the long corpus.
 
-On the device machine (about 9.5 minutes on an H100; see benchmarks/gpu/README.md for the call and its carry):
-    python3 benchmarks/gpu/b_science_compare.py --data .gpu/b/corpus
+On the device machine (budget 430 s, a hard deadline: at most ~7.5 minutes with the transfers; see
+benchmarks/gpu/README.md for the call and its carry):
+    python3 benchmarks/gpu/b_science_compare.py
 Dry run (CI, seconds on a CPU: a 2-block model, 3 steps on the built-in corpus):
     python3 benchmarks/gpu/b_science_compare.py --device cpu --out /tmp/b
 
-What it runs: both schemes side by side on the one GPU (``compare --jobs 2``), each for about ``--minutes`` of
-wall time (default 7: with compilation, the final evaluation, the diagnosis and the report, the call ends
-within 10 minutes), bf16 autocast, compiled, depth tracking on (angular distance, contribution, norm gain,
-variance at 20 probes; the removal sweep every 4th probe). The token budget is fixed before training from a
-throughput estimate: tokens/s per run = ``--mfu`` x the GPU's bf16 peak / FLOPs per token (PaLM's count, as
-benchmarks/train_throughput.py) / 2 runs; steps = budget tokens / (batch x seq_len). Pass the MFU that (a)
-measured for ``lns+bf16+compile`` (a little lower: evaluation and probes cost time) to size it to the device.
-If training outruns the budget anyway, the compare is stopped at the deadline and what the runs wrote so far
-(their depth-tracking series) still comes back.
+What it runs: ``llama-130m`` (the paper's 130M shape; the vocabulary of the corpus's tokenizer, bpe:16384), pre and
+lns side by side on the one GPU (``compare --jobs 2``: their compiles, evaluations and diagnoses overlap, and each
+fills the other's idle moments), bf16 autocast, compiled, the paper's batch (512 x 256 tokens, in micro-batches of
+64), depth tracking on (angular distance, contribution, norm gain and variance at 20 probes; the removal sweep at
+every 4th), then each run's diagnosis at the paper's 262,144 tokens (on the GPU, fp32 weights) and the report.
+The number of steps is fixed before training: ``--train-s`` (default: ``--budget-s`` less 130 s, i.e. 300) x
+``--tokens-per-s`` per run side by side (default 180,000: the H200's 455,000 tokens/s of one compiled llama-130m
+run at seq 256 (2026-11-26), halved, less a fifth for the probes, evaluations and the two processes taking turns;
+pass half of what call (a) measured for ``lns+bf16+compile``, less a fifth) / 131,072 tokens a step. Expected:
+~410 steps, ~54M tokens per scheme, 1.5 epochs of the whole corpus (35.4M training tokens), 2.1 of the first part
+alone. If training outruns the budget anyway, the compare is stopped at the deadline and the depth-tracking
+series written so far still come back.
 
-Default shape: ``llama-250m`` (24 blocks of width 768: the paper's depth at the widest size whose 7 minutes
-still give ~45M tokens per scheme, ~2 epochs of a 20M-token corpus; ``llama-130m`` would repeat the corpus
-~5 times, ``llama-350m`` gets ~30M tokens). Writes b.json (the plan: preset, steps, tokens per scheme, the
-corpus's training tokens and the epochs; the compare's summary.json; every step's command, exit code and
-seconds), b.log, and b-results.tar.gz (the compare directory without checkpoints: summary.md, report.html,
+The corpus: ``.gpu/b/corpus`` holds the tokenizer, the held-out split and training part 0 (48 MiB, 25.2M tokens);
+part 1 (19.5 MiB, 10.2M tokens) came with call (a) and waits in /tmp/depthlab-gpu/stash when the machine stayed
+warm. Both are put together in /tmp/depthlab-gpu/corpus (checksums checked); without part 1 the corpus is part 0
+alone, and b.json says so. Writes b.json (the plan: preset, steps, tokens per scheme, the corpus's training tokens
+and the epochs; each run's tokens/s, MFU and compile seconds; the compare's summary; every step's command, exit
+code and seconds), b.log, and b-results.tar.gz (the compare directory without checkpoints: summary.md, report.html,
 figures, each run's config.json, metrics.jsonl, summary.json and diagnosis).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, SITE, parse, read_json, start  # noqa: E402
+from common import REPO, SITE, STASH, parse, read_json, start  # noqa: E402
 
-#: The long corpus as prepare.py copies it for this call (open-english's token shards, as many training parts as
-#: one 64 MiB transfer carries); the built-in corpus when it is not there (the CPU dry run).
-PREPARED_CORPUS = REPO / ".gpu" / "b" / "corpus"
-DEFAULT_DATA = str(PREPARED_CORPUS) if (PREPARED_CORPUS / "shards.json").is_file() else "builtin"
-H100_BF16_PEAK = 989.4e12  # dense bf16 FLOP/s of an H100 SXM (benchmarks/train_throughput.py PEAK_TFLOPS)
+CORPUS = Path("/tmp/depthlab-gpu/corpus")  # the carried parts and the stashed one, put together here
+H200_BF16_PEAK = 989.4e12  # dense bf16 FLOP/s of an H100 SXM / H200 (benchmarks/train_throughput.py PEAK_TFLOPS)
+#: What the call spends besides training (estimated from the H200's measurements): start-up and data 15 s, the two
+#: compiles side by side 40 s, evaluations and probes 15 s, the two diagnoses at 262,144 tokens 30 s, the report 15 s,
+#: packing 5 s, and a margin.
+OVERHEAD_S = 130.0
 DRY_MODEL = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64"]
 
 
+def assemble_corpus(carried: Path, stash: Path, dest: Path) -> dict:
+    """The carried shard directory plus any training part waiting in ``stash`` (sha256 as shards.json records), as
+    links in ``dest`` with a shards.json listing exactly the parts present. Returns what it found."""
+    meta = json.loads((carried / "shards.json").read_text())
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.iterdir():
+        old.unlink()
+    (dest / "tokenizer").symlink_to(carried / "tokenizer")
+    present, missing = {"train": [], "val": []}, []
+    for split in ("train", "val"):
+        for part in meta["parts"][split]:
+            found = next((p for p in (carried / part["file"], stash / part["file"]) if p.is_file()), None)
+            if found is None or (found.parent == stash and sha256(found) != part["sha256"]):
+                missing.append(part["file"])
+                continue
+            (dest / part["file"]).symlink_to(found.resolve())
+            present[split].append(part)
+    if not present["train"] or not present["val"]:
+        raise SystemExit(f"the carried corpus lacks a split (missing {missing})")
+    full_tokens = meta["train_tokens"]
+    meta["parts"], meta["train_tokens"] = present, sum(p["tokens"] for p in present["train"])
+    (dest / "shards.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return {"train_parts": [p["file"] for p in present["train"]], "missing": missing,
+            "train_tokens": meta["train_tokens"], "whole_corpus_train_tokens": full_tokens}
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def plan(args) -> dict:
-    """Steps and tokens per scheme from the time budget and the throughput estimate (see the docstring)."""
+    """Steps and tokens per scheme from the training time and the throughput estimate (see the docstring)."""
     if args.dry:
         return {"preset": "tiny", "seq_len": 32, "batch_size": 2, "micro_batch_size": 2, "steps": 3,
                 "tokens_per_scheme": 3 * 2 * 32, "estimate": "dry run"}
@@ -51,13 +93,12 @@ def plan(args) -> dict:
     cfg = depthlab.from_preset(args.preset, vocab_size=vocab_of(args.data) or depthlab.from_preset(args.preset).vocab_size)
     n_matmul = num_params(cfg) - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model)
     flops = 6.0 * n_matmul + 12.0 * cfg.n_layers * cfg.n_heads * cfg.dim_head * args.seq_len
-    per_run = args.mfu * args.peak_tflops * 1e12 / flops / 2
-    steps = max(10, int(args.minutes * 60 * per_run / (args.batch_size * args.seq_len)))
-    return {"preset": args.preset, "seq_len": args.seq_len, "batch_size": args.batch_size,
-            "micro_batch_size": args.micro_batch_size, "steps": steps,
-            "tokens_per_scheme": steps * args.batch_size * args.seq_len, "flops_per_token": flops,
-            "estimate": f"{per_run:,.0f} tokens/s per run = {args.mfu} MFU x {args.peak_tflops} TFLOP/s / "
-                        f"{flops / 1e9:.2f} GFLOP per token / 2 runs side by side"}
+    step_tokens = args.batch_size * args.seq_len
+    steps = max(10, int(args.train_s * args.tokens_per_s / step_tokens))
+    return {"preset": args.preset, "vocab_size": cfg.vocab_size, "seq_len": args.seq_len, "batch_size": args.batch_size,
+            "micro_batch_size": args.micro_batch_size, "steps": steps, "tokens_per_scheme": steps * step_tokens,
+            "flops_per_token": flops, "estimate": f"{args.tokens_per_s:,.0f} tokens/s per run side by side "
+            f"({2 * args.tokens_per_s * flops / H200_BF16_PEAK:.0%} MFU for the two) x {args.train_s:.0f} s"}
 
 
 def vocab_of(data: str) -> int | None:
@@ -81,20 +122,23 @@ def compare_cmd(args, p: dict, out: Path) -> list[str]:
                   "--diag-tokens", "262144", "--no-jacobian"]
 
 
-def epochs(data: str, cmp_dir: Path, tokens_per_scheme: int) -> dict:
-    """The corpus's training tokens as the runs saw them (the trainer's own sequences) and the epochs trained."""
-    import json
-
-    from depthlab.data import load_sequences, load_tokenizer
-
-    run = next((p for p in sorted((cmp_dir / "runs").glob("*")) if (p / "config.json").is_file()), None)
-    if run is None:
-        return {"train_tokens": None, "epochs": None}
-    t = json.loads((run / "config.json").read_text())["train"]
-    seqs = load_sequences(t["data"], load_tokenizer(run / "tokenizer"), t["seq_len"], split="train", pack=t["pack"],
-                          seed=t["seed"], text_field=t["text_field"], cache_dir=t["cache_dir"])
-    train_tokens = len(seqs) * t["seq_len"]
-    return {"train_tokens": train_tokens, "epochs": tokens_per_scheme / train_tokens}
+def runs_measured(cmp_dir: Path, flops_per_token: float | None) -> dict:
+    """Each run's training numbers from its summary.json: tokens, wall, tokens/s of the steps, MFU, compile."""
+    out = {}
+    for run in sorted((cmp_dir / "runs").glob("*")):
+        s = read_json(run / "summary.json")
+        if s is None:  # stopped before its end: the last train line of its metrics
+            lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()] \
+                if (run / "metrics.jsonl").is_file() else []
+            train = [ln for ln in lines if "loss" in ln and "tokens" in ln]
+            out[run.name] = {"finished": False, "last_step": train[-1]["step"] if train else None,
+                             "tokens": train[-1]["tokens"] if train else 0}
+            continue
+        rate = s.get("step_tokens_per_s")
+        out[run.name] = {"finished": True, "tokens": s["tokens"], "wall_s": s["wall_s"], "step_tokens_per_s": rate,
+                         "compile_s": s.get("compile_s"), "eval_loss": s.get("eval_loss"),
+                         "mfu_side_by_side": rate * flops_per_token / H200_BF16_PEAK if rate and flops_per_token else None}
+    return out
 
 
 def pack(cmp_dir: Path, dest: Path) -> None:
@@ -108,24 +152,32 @@ def pack(cmp_dir: Path, dest: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     def add(p):
-        p.add_argument("--data", default=DEFAULT_DATA, help="training corpus (default: .gpu/b/corpus, the open-english "
-                       "shards prepare.py copied; else builtin)")
-        p.add_argument("--preset", default="llama-250m", help="model shape (default llama-250m)")
-        p.add_argument("--minutes", type=float, default=7.0, help="training wall time per scheme (side by side)")
-        p.add_argument("--mfu", type=float, default=0.30, help="expected MFU of each run's training (default 0.30)")
-        p.add_argument("--peak-tflops", type=float, default=H100_BF16_PEAK / 1e12, help="GPU bf16 peak (H100 SXM)")
+        p.add_argument("--data", default=None, help="training corpus (default: the carried open-english shards, "
+                       "assembled in /tmp/depthlab-gpu/corpus; else builtin)")
+        p.add_argument("--preset", default="llama-130m", help="model shape (default llama-130m)")
+        p.add_argument("--train-s", type=float, default=None, help=f"training seconds of the side-by-side runs (default: "
+                       f"--budget-s less {OVERHEAD_S:.0f} s for start-up, compiles, evaluations, diagnoses and the report)")
+        p.add_argument("--tokens-per-s", type=float, default=180_000.0, help="expected tokens/s of each run side by side")
         p.add_argument("--seq-len", type=int, default=256)
         p.add_argument("--batch-size", type=int, default=512, help="global batch in sequences (paper: 512)")
         p.add_argument("--micro-batch-size", type=int, default=64)
 
-    args = parse("b", __doc__.split("\n\n")[0], argv, add)
+    args = parse("b", __doc__.split("\n\n")[0], argv, add, budget_s=430.0)
+    args.train_s = args.train_s if args.train_s is not None else max(30.0, args.budget_s - OVERHEAD_S)
     sys.path[:0] = [str(REPO / "src"), str(SITE)]
     run = start(args, "b")
+    carried = args.carry / "b" / "corpus"  # prepare.py: tokenizer, held-out split, training part 0
+    if args.data is None and not args.dry and (carried / "shards.json").is_file():
+        run.results["corpus_assembled"] = assemble_corpus(carried, STASH, CORPUS)
+        run.note(f"corpus: {run.results['corpus_assembled']}")
+        args.data = str(CORPUS)
+    args.data = args.data or "builtin"
     run.results["plan"] = p = plan(args)
     run.results["data"] = args.data
     cmp_dir = run.work / "compare"
     run.sh("compare pre,lns", compare_cmd(args, p, cmp_dir), args.budget_s)
     run.results["compare_summary"] = read_json(cmp_dir / "summary.json")
+    run.results["runs"] = runs_measured(cmp_dir, p.get("flops_per_token"))
     try:
         run.results["corpus"] = epochs(args.data, cmp_dir, p["tokens_per_scheme"])
     except Exception as err:  # noqa: BLE001 - the results above still go back
@@ -134,6 +186,20 @@ def main(argv: list[str] | None = None) -> int:
         pack(cmp_dir, args.out / "b-results.tar.gz")
     run.finish()
     return 0 if all(s["rc"] == 0 for s in run.steps) else 1
+
+
+def epochs(data: str, cmp_dir: Path, tokens_per_scheme: int) -> dict:
+    """The corpus's training tokens as the runs saw them (the trainer's own sequences) and the epochs trained."""
+    from depthlab.data import load_sequences, load_tokenizer
+
+    run = next((p for p in sorted((cmp_dir / "runs").glob("*")) if (p / "config.json").is_file()), None)
+    if run is None:
+        return {"train_tokens": None, "epochs": None}
+    t = json.loads((run / "config.json").read_text())["train"]
+    seqs = load_sequences(t["data"], load_tokenizer(run / "tokenizer"), t["seq_len"], split="train", pack=t["pack"],
+                          seed=t["seed"], text_field=t["text_field"], cache_dir=t["cache_dir"])
+    train_tokens = len(seqs) * t["seq_len"]
+    return {"train_tokens": train_tokens, "epochs": tokens_per_scheme / train_tokens}
 
 
 if __name__ == "__main__":

@@ -14,9 +14,12 @@ Steps:
    was given back between (a) and (c)), the SmolLM2 steps are skipped and say so in c.json.
 2. ``diagnose smollm2`` at 65,536 and at 262,144 tokens (the paper's scale), each with its wall time and peak
    GPU memory: the streaming design keeps memory flat in the token count (goal: the two peaks within 10 %).
-3. OPTIONAL (``--streamed-8b``, off by default): the streamed engine (another branch; not merged when this was
-   written) diagnosing an 8B-shaped checkpoint (Llama-3-8B shape, random bf16 weights, written on the device).
-   ``--streamed-args`` carries the engine's diagnose flags; without the engine the step is skipped and says so.
+3. OPTIONAL (``--streamed-8b``, off by default): the streamed engine diagnosing an 8B-shaped checkpoint (Llama-3-8B
+   shape, random bf16 weights, written on the device). ``--streamed-args`` carries its diagnose flags (default
+   ``--stream``; a value that starts with a dash works as ``--streamed-args '--stream --tokens 4096'`` or with ``=``);
+   without a streamed engine in this tree the step is skipped and says so.
+Not part of the 15-minute GPU plan (calls (a) and (b), benchmarks/gpu/README.md): SmolLM2's GGUF needs two calls'
+carry (``prepare.py --smollm2``), and this call's time (about 4 minutes, estimated).
 Writes c.json (every measurement, step, exit code), c.log and c-reports.tar.gz (each diagnosis's report.json
 and report.html).
 """
@@ -112,11 +115,24 @@ def streamed_8b(args, run) -> None:
     run.results["streamed_8b"] = read_json(measure)
 
 
+def glue_dash_values(argv: list[str], option: str) -> list[str]:
+    """``option VALUE`` as ``option=VALUE``: argparse refuses a separate value that starts with a dash (``--stream``
+    is taken for an option: "ambiguous option: --stream could match --streamed-8b, --streamed-args")."""
+    out = list(argv)
+    for i in range(len(out) - 1):
+        if out[i] == option:
+            out[i:i + 2] = [f"{option}={out[i + 1]}"]
+            break
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     def add(p):
         p.add_argument("--streamed-8b", action="store_true", help="OPTIONAL step 3 (needs the streamed engine)")
-        p.add_argument("--streamed-args", default="", help="diagnose flags of the streamed engine, e.g. '--stream'")
+        p.add_argument("--streamed-args", default="--stream", help="diagnose flags of the streamed engine "
+                       "(default --stream)")
 
+    argv = glue_dash_values(sys.argv[1:] if argv is None else argv, "--streamed-args")
     args = parse("c", __doc__.split("\n\n")[0], argv, add)
     run = start(args, "c")
     smollm2(args, run)

@@ -1,11 +1,16 @@
-"""What the three GPU runbook scripts share: arguments, set-up of carried wheels, timed sub-steps, results.
+"""What the GPU runbook scripts share: arguments, set-up of carried wheels, timed sub-steps, results.
 
 A runbook script runs on the device machine from the repository root (``python3 benchmarks/gpu/X.py``).
-Every sub-step is a subprocess with its own time cap inside the script's budget, its output appended to
-the script's log; bulky outputs go to a temporary folder (``Run.work``), never into ``--out``: the device
-returns at most 8 files from ``$OUT``. The script always ends by writing ``<name>.json`` (device, versions, each sub-step's
-command, exit code and seconds, and the results) into ``--out`` (default: ``$OUT`` on the device machine,
-else ``benchmarks/gpu/results/<name>``). ``--device cpu`` is the dry run: toy sizes, seconds, same code path.
+Every sub-step is a subprocess with its own time cap inside the script's budget (``--budget-s``: a hard deadline;
+a sub-step still running then is killed, and the script writes what it has), its output appended to the script's
+log; a sub-step may also run in the background beside the next ones (``Run.spawn`` / ``Run.join``). Bulky outputs
+go to a temporary folder (``Run.work``), never into ``--out``: the device returns at most 8 files from ``$OUT``.
+The script always ends by writing ``<name>.json`` (device, versions, each sub-step's command, exit code and seconds,
+and the results) into ``--out`` (default: ``$OUT`` on the device machine, else ``benchmarks/gpu/results/<name>``).
+``--device cpu`` is the dry run: toy sizes, seconds, same code path.
+
+Every sub-step shares one inductor cache (``INDUCTOR_CACHE``), so a graph compiled once on the machine (by a
+background warm-up, or by an earlier call on the same warm machine) loads from it instead of compiling again.
 
 Run as a module, this file measures one depthlab command in-process (its wall time and peak GPU memory):
     python3 benchmarks/gpu/common.py --measure-json M.json -- diagnose smollm2 --tokens 262144 ...
@@ -29,16 +34,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SITE = Path("/tmp/depthlab-gpu/site")  # carried wheels are installed here (the device has no internet)
 STASH = Path("/tmp/depthlab-gpu/stash")  # what one call leaves for a later call on the same (warm) machine
+INDUCTOR_CACHE = Path("/tmp/depthlab-gpu/inductor")  # torch.compile's cache, shared by every sub-step and call
 
 
-def parse(name: str, description: str, argv: list[str] | None, add=None) -> argparse.Namespace:
+def parse(name: str, description: str, argv: list[str] | None, add=None, budget_s: float = 570.0) -> argparse.Namespace:
     """The shared flags (``--device``, ``--out``, ``--carry``, ``--budget-s``) plus the script's own (``add(p)``)."""
     p = argparse.ArgumentParser(prog=f"benchmarks/gpu/{name}.py", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cuda; cpu = the dry run (toy sizes)")
     p.add_argument("--out", default=None, help="results folder (default $OUT, else benchmarks/gpu/results/NAME)")
     p.add_argument("--carry", default=".gpu", help="folder of carried files made by prepare.py (default .gpu)")
-    p.add_argument("--budget-s", type=float, default=570.0, help="wall-time budget of the whole script (default 570)")
+    p.add_argument("--budget-s", type=float, default=budget_s, help=f"wall-time budget of the whole script, a hard "
+                   f"deadline (default {budget_s:.0f})")
     if add is not None:
         add(p)
     args = p.parse_args(argv)
@@ -76,20 +83,31 @@ class Run:
             f.write(text + "\n")
 
     def sh(self, label: str, cmd: list[str], cap_s: float, log: Path | None = None) -> int:
-        """Run ``cmd`` (cwd: the repository) for at most ``min(cap_s, what the budget has left - 15 s)``;
+        """Run ``cmd`` (cwd: the repository) for at most ``min(cap_s, what the budget has left - 10 s)``;
         its output goes to ``log`` (default the script's log). Returns its exit code (124: timed out)."""
-        limit = max(1.0, min(cap_s, self.left() - 15.0))
+        return self.join(self.spawn(label, cmd, cap_s, log))
+
+    def spawn(self, label: str, cmd: list[str], cap_s: float, log: Path | None = None) -> dict:
+        """Start ``cmd`` in the background (as :meth:`sh`); :meth:`join` waits for it and records it."""
+        limit = max(1.0, min(cap_s, self.left() - 10.0))
         self.note(f"$ {shlex.join(cmd)}    # {label}, at most {limit:.0f} s")
-        t = time.perf_counter()
-        with (log or self.log).open("a") as f:
-            try:
-                rc = subprocess.run(cmd, cwd=REPO, env=self.env or None, stdout=f, stderr=subprocess.STDOUT,
-                                    timeout=limit).returncode
-            except subprocess.TimeoutExpired:
-                rc = 124
-        seconds = time.perf_counter() - t
-        self.steps.append({"step": label, "command": shlex.join(cmd), "rc": rc, "seconds": round(seconds, 1)})
-        self.note(f"  -> rc {rc} in {seconds:.0f} s")
+        f = (log or self.log).open("a")
+        proc = subprocess.Popen(cmd, cwd=REPO, env=self.env or None, stdout=f, stderr=subprocess.STDOUT)
+        return {"label": label, "cmd": cmd, "proc": proc, "file": f, "t": time.perf_counter(), "limit": limit}
+
+    def join(self, job: dict) -> int:
+        """Wait for a :meth:`spawn` ed job until its time cap (then kill it: exit code 124); record it."""
+        proc = job["proc"]
+        try:
+            rc = proc.wait(timeout=max(0.0, job["limit"] - (time.perf_counter() - job["t"])))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = 124
+        job["file"].close()
+        seconds = time.perf_counter() - job["t"]
+        self.steps.append({"step": job["label"], "command": shlex.join(job["cmd"]), "rc": rc, "seconds": round(seconds, 1)})
+        self.note(f"  -> {job['label']}: rc {rc} in {seconds:.0f} s")
         return rc
 
     def sh_output(self, cmd: list[str]) -> str:
@@ -104,7 +122,7 @@ class Run:
         record = {"runbook": self.name, **device_info(), "seconds": round(time.perf_counter() - self.t0, 1),
                   "steps": self.steps, "results": self.results}
         path = self.out / f"{self.name}.json"
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(path.name + ".tmp")  # json.dumps(default=str): the results may hold paths
         tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
         tmp.replace(path)
         shutil.rmtree(self.work, ignore_errors=True)
@@ -120,6 +138,7 @@ def start(args: argparse.Namespace, name: str) -> Run:
     run.env = setup_env(args.carry / "wheels", run)
     if args.dry:  # toy sizes: one thread each (OpenMP spin-waits make tiny ops crawl on a busy machine)
         run.env["OMP_NUM_THREADS"] = "1"
+        run.env["TORCHINDUCTOR_CACHE_DIR"] = str(run.work / "inductor")  # nothing left behind
     return run
 
 
@@ -138,6 +157,7 @@ def setup_env(wheels: Path, run: Run) -> dict[str, str]:
         run.note(f"no wheels in {wheels}: nothing installed (fine where the packages are already there)")
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE))
     return env
 
 

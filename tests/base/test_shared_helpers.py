@@ -87,14 +87,6 @@ def test_compare_cells():
     assert md.splitlines()[2].startswith("| lns | – | 19.00 ± 1.50 | -2.00 |")
 
 
-def test_importing_plots_leaves_the_backend_alone():
-    code = ("import sys, matplotlib; raw = lambda: dict.__getitem__(matplotlib.rcParams, 'backend'); b = raw(); "
-            "import depthlab.analysis.plots.training, depthlab.analysis.plots.diagnostics, "
-            "depthlab.analysis.plots.compare, depthlab.analysis.plots.theory; "
-            "assert raw() == b, raw(); assert 'matplotlib.pyplot' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-
-
 def test_no_import_cycles():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_import_cycles.py")], check=False, capture_output=True,
                          text=True)
@@ -123,19 +115,6 @@ def test_the_layer_check_catches_package_cycles_and_upward_imports():
     assert picture.index(" cli ") < picture.index(" train ") < picture.index(" models.config ")  # top layer first
 
 
-def test_a_scheme_has_one_colour_in_every_figure_and_report():
-    """pre blue and lns orange whatever the order a figure lists them in; registry schemes and the paper's
-    Table 8 variants all distinct; the same label always gets the same colour (no per-figure enumeration)."""
-    from depthlab.analysis.plots._base import scheme_color
-    from depthlab.models.schemes import SCHEMES
-
-    assert (scheme_color("pre"), scheme_color("lns")) == ("#1f77b4", "#ff7f0e")
-    variants = [f"lns:position={p}" for p in ("before-norm", "after-branch", "after-residual", "attn-only", "ffn-only")]
-    names = [*SCHEMES, *variants]
-    assert len({scheme_color(n) for n in names}) == len(names)
-    assert [scheme_color(n) for n in reversed(names)] == [scheme_color(n) for n in names][::-1]
-
-
 def test_every_optional_package_error_names_a_command_that_matches_the_project():
     """The extras in pyproject.toml are exactly depthlab.base.extras.EXTRAS (the errors name them), install.sh installs
     the ones the README uses and the offline models with --no-deps, and each message is one pip line."""
@@ -156,6 +135,14 @@ def test_the_root_shows_the_architecture():
     entries = sorted(p.name for p in (ROOT / "src" / "depthlab").iterdir() if p.name != "__pycache__")
     assert len(entries) <= 12, entries
     assert {"base", "models", "data", "hf", "targets", "analysis", "train", "prune", "compare", "cli"} <= set(entries)
+
+
+def test_tests_mirror_the_packages():
+    """Every package of src/depthlab has its test folder at the same place under tests/, holding tests."""
+    src = ROOT / "src" / "depthlab"
+    missing = [str(init.parent.relative_to(src)) for init in sorted(src.rglob("__init__.py")) if init.parent != src
+               and not list((ROOT / "tests" / init.parent.relative_to(src)).rglob("test_*.py"))]
+    assert not missing, missing
 
 
 def test_short_module_paths_are_the_moved_modules_themselves():

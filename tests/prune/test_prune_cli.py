@@ -32,12 +32,12 @@ def _skipped(model, ids, removed):
 
 
 def test_prune_bf16_on_a_cpu_keeps_bf16_weights_and_its_export_checks_exactly(hf_dir, tmp_path, capsys):
-    """--dtype bf16 in memory: the export is bf16 and its reloaded logits equal the pruned model's (both computed
+    """--weights bf16 in memory: the export is bf16 and its reloaded logits equal the pruned model's (both computed
     with each linear layer upcast to fp32, as load_target computes bf16 on a CPU)."""
     from safetensors import safe_open
 
     out = tmp_path / "pruned-bf16"
-    assert main(["prune", str(hf_dir("llama", 4)), "--remove", "1", "--method", "angular-block", "--dtype", "bf16",
+    assert main(["prune", str(hf_dir("llama", 4)), "--remove", "1", "--method", "angular-block", "--weights", "bf16",
                  "--no-stream", "--out", str(out), *FAST]) == 0
     rep = json.loads((out / "prune.json").read_text())
     assert rep["export"]["max_abs_logit_diff"] < 1e-5 and rep["n_layers"]["pruned"] == 3

@@ -108,7 +108,7 @@ def test_prune_cli_streams_and_says_so(tmp_path, capsys):
     assert main(["prune", str(path), "--remove", "1", "--method", "angular-block", "--stream", "--out", str(out),
                  "--tokens", "64", "--seq-len", "32", "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("prune on cpu: engine: streamed, one layer at a time (--stream; the model needs")
+    assert printed.startswith("prune on cpu: engine: streamed, one layer at a time (streaming on; the model needs")
     assert "generate with KV cache ok" in printed
     rep = json.loads((out / "prune.json").read_text())
     assert rep["engine"]["name"] == "streamed" and rep["latency"] is None and rep["n_layers"]["pruned"] == 3

@@ -82,3 +82,38 @@ def schemes_epilog() -> str:
         opts = ", ".join(f"{o.name}={o.default}" for o in s.options)
         lines.append(f"  {s.name:<{width}}  {s.summary}" + (f"  [{opts}]" if opts else ""))
     return "\n".join(lines)
+
+
+def precision_flags(p: argparse.ArgumentParser, auto_weights: str) -> None:
+    """``--weights`` and ``--dtype`` of a command that measures a loaded model (diagnose, evaluate, prune): the one
+    choice set and the one meaning of every command (``depthlab.base.precision``); ``auto_weights`` says what the
+    command's automatic weights are."""
+    from depthlab.base.precision import DTYPE_HELP, PRECISIONS, WEIGHTS_HELP
+
+    p.add_argument("--weights", default=None, choices=PRECISIONS, help=WEIGHTS_HELP.format(auto=auto_weights))
+    p.add_argument("--dtype", default=None, choices=PRECISIONS, help=DTYPE_HELP)
+
+
+def precision_of(args: argparse.Namespace) -> tuple[str, str]:
+    """``(weights, compute)`` as given (each "auto" when unset). The spelling of earlier releases, ``--dtype X`` with
+    no ``--weights``, keeps its result (weights X, compute automatic) for one release, with a one-line note on
+    stderr saying how to write it now."""
+    import sys
+
+    if args.dtype not in (None, "auto") and args.weights is None:
+        print(f"depthlab {args.command}: note: --dtype {args.dtype} without --weights is read as --weights "
+              f"{args.dtype}, as before; --dtype is now the compute precision on every command: write --weights "
+              f"{args.dtype} (the old reading goes in the next release)", file=sys.stderr)
+        return args.dtype, "auto"
+    return args.weights or "auto", args.dtype or "auto"
+
+
+def device_precision(args: argparse.Namespace, auto_weights: str | None = None) -> tuple[Any, Any, Any]:
+    """``(device, weights dtype, compute dtype)`` that ``--device``, ``--weights`` and ``--dtype`` mean
+    (``depthlab.base.devices``, ``depthlab.base.precision``); ``auto_weights``: the command's automatic weights."""
+    from depthlab.base.devices import resolve_device
+    from depthlab.base.precision import resolve_precision
+
+    weights, compute = precision_of(args)
+    device = resolve_device(args.device)
+    return (device, *resolve_precision(device, weights, compute, auto_weights))

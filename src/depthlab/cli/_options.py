@@ -35,7 +35,7 @@ from depthlab.base.errors import DepthlabError, choices, first_line
 
 #: Keys of a run's config.json that record where it came from, not how to run it (skipped by --config).
 PROVENANCE_KEYS = ("versions", "command", "command_resume", "world_size", "family", "data_fingerprint", "tokenizer",
-                   "resume_changes", "init_from", "finetune", "pruned")
+                   "resume_changes", "init_from", "finetune", "pruned", "defaulted")
 
 
 # ---------------------------------------------------------------------------------------------- help texts
@@ -53,7 +53,7 @@ def field_docs(cls: type) -> dict[str, tuple[str, str]]:
         if heading:
             group = heading.group(1).strip()
             continue
-        m = re.match(r"([a-z_][a-z0-9_]*)\s*:[^=#]*(?:=[^#]*)?#\s*(.*)", stripped)
+        m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)\s*:[^=#]*(?:=[^#]*)?#\s*(.*)", stripped)
         if m and not stripped.startswith(("def ", "@", "return")):
             out[m.group(1)] = (m.group(2).strip(), group)
     return out
@@ -112,13 +112,18 @@ class Section:
     choices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # field -> the values it takes
     helps: dict[str, str] = field(default_factory=dict)  # field -> the whole help (no default added), over the comment
     title: str | None = None  # one help group for every field (None: the source's ``# ----`` groups)
+    types: dict[str, str] = field(default_factory=dict)  # field -> the annotation its flag reads (the class parses it)
+
+    def kind(self, f: dataclasses.Field) -> tuple[str, Callable[[str], Any] | None]:
+        """:func:`flag_type` of the field (``types`` first: e.g. ``list[str]`` for a field the dataclass parses)."""
+        return flag_type(self.types.get(f.name, f.type))
 
     def fields(self) -> list[dataclasses.Field]:
         out = []
         for f in dataclasses.fields(self.cls):
             if f.name in self.exclude or (self.include is not None and f.name not in self.include):
                 continue
-            if flag_type(f.type)[0] != "skip":
+            if self.kind(f)[0] != "skip":
                 out.append(f)
         return out
 
@@ -137,7 +142,7 @@ class Section:
             title = self.title or heading or self.name
             if title not in groups:
                 groups[title] = parser.add_argument_group(title)
-            kind, conv = flag_type(f.type)
+            kind, conv = self.kind(f)
             default = defaults[f.name]
             shown = "" if default is dataclasses.MISSING or default is None or kind == "bool" or f.name in self.helps \
                 else f" (default {default})"
@@ -146,7 +151,8 @@ class Section:
             if kind == "bool":
                 kwargs["action"] = argparse.BooleanOptionalAction
             else:
-                kwargs.update(type=conv, metavar="LIST" if conv in (_int_list, _str_list) else f.name.upper().split("_")[-1])
+                kwargs.update(type=conv, metavar="LIST" if conv in (_int_list, _str_list)
+                              else self.flag(f.name).upper().split("-")[-1])
                 if f.name in self.choices:
                     kwargs.update(choices=self.choices[f.name], metavar=None)
             groups[title].add_argument(self.flag(f.name), **kwargs)
@@ -252,12 +258,19 @@ def apply_config_file(args: argparse.Namespace) -> None:
 
 
 def _unique_fields(actions: dict[str, argparse.Action]) -> dict[str, str]:
-    """Field or flag name -> dest, for names that mean one option only (``lr`` -> ``train.lr``)."""
-    names: dict[str, set[str]] = {}
-    for dest, action in actions.items():
-        for name in (dest.split(".", 1)[-1], *(s.lstrip("-").replace("-", "_") for s in action.option_strings)):
+    """Flag or field name -> dest, for names that mean one option only (``lr`` -> ``train.lr``). A flag's own name
+    wins over a field of the same name in another section (theory: ``depth`` is ``--depth``, not ``--empirical-depth``,
+    whose field is ``depth`` too)."""
+    def unique(pairs: list[tuple[str, str]]) -> dict[str, str]:
+        names: dict[str, set[str]] = {}
+        for name, dest in pairs:
             names.setdefault(name, set()).add(dest)
-    return {name: next(iter(dests)) for name, dests in names.items() if len(dests) == 1}
+        return {name: next(iter(dests)) for name, dests in names.items() if len(dests) == 1}
+
+    flags = [(s.lstrip("-").replace("-", "_"), dest) for dest, a in actions.items() for s in a.option_strings]
+    fields = [(dest.split(".", 1)[-1], dest) for dest in actions]
+    by_flag = unique(flags)
+    return {**unique(fields), **by_flag}
 
 
 __all__ = ["Section", "add_config_flag", "apply_config_file", "read_config_file", "field_docs", "flag_type",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from depthlab.analysis.diagnostics.options import SPLITS, DiagnoseOptions
 from depthlab.base.devices import DEVICE_HELP
+from depthlab.cli._args import device_precision, precision_flags
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.models.schemes import BASELINE_SCHEME
 
@@ -72,9 +73,8 @@ DIAGNOSE = Section("diagnose", DiagnoseOptions, choices={"split": SPLITS}, helps
     "jacobian": f"block Jacobians (default: on a GPU, or on a CPU for widths up to {CPU_JACOBIAN_MAX_WIDTH})"})
 
 
-#: --dtype of the commands that measure a loaded model (diagnose, evaluate).
-DTYPE_HELP = ("weights; auto: bf16 on GPU, fp32 on CPU; bf16 on a CPU: bf16 weights, each layer computed in fp32 "
-              "(faster there)")
+#: What --weights auto means on the commands that measure a loaded model (diagnose, evaluate).
+AUTO_WEIGHTS = "bf16 on a GPU, fp32 on a CPU"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -85,24 +85,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("target", metavar="TARGET", help="run dir / checkpoint, preset:NAME, HF dir, .gguf, hub id, smollm2, minilm")
     p.add_argument("--out", default=None, help="output directory (default reports/<target name>)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help=DTYPE_HELP)
+    precision_flags(p, AUTO_WEIGHTS)
     p.add_argument("--scheme", default=None, help=f"scheme of a preset:NAME target (default {BASELINE_SCHEME}); other "
                    "targets keep the scheme they were trained with")
     DIAGNOSE.add_to(p)
     add_config_flag(p)
     p.set_defaults(func=run)
-
-
-def _device_dtype(args):
-    import torch
-
-    from depthlab.base.devices import resolve_device
-
-    device = resolve_device(args.device)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(args.dtype)
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return device, dtype
 
 
 def _seq_len(asked: int | None, target) -> int:
@@ -116,12 +104,12 @@ def _seq_len(asked: int | None, target) -> int:
 
 
 def _check(args: argparse.Namespace, given: dict):
-    """Every check that needs no model, before it is loaded: the options, the device, the --mc task (read whole),
-    the output directory. Returns (device, dtype, out)."""
+    """Every check that needs no model, before it is loaded: the options, the device and precision, the --mc task
+    (read whole), the output directory. Returns (device, weights dtype, compute dtype, out)."""
     from depthlab.base.errors import DepthlabError
 
     DiagnoseOptions(**given).validate()
-    device, dtype = _device_dtype(args)
+    device, weights, compute = device_precision(args)
     mc = given.get("mc")
     if mc is not None and not mc.startswith("hf:"):
         from depthlab.analysis.evaluate import load_tasks
@@ -131,13 +119,13 @@ def _check(args: argparse.Namespace, given: dict):
         why = _not_fresh(Path(args.out))
         if why:
             raise DepthlabError(f"--out {args.out!r} {why}; give a new or empty directory for the report")
-        return device, dtype, Path(args.out)
+        return device, weights, compute, Path(args.out)
     base = Path("reports") / Path(args.target.replace("preset:", "")).name.replace(".gguf", "")
     out, n = base, 1
     while _not_fresh(out):  # the default never overwrites an earlier report: reports/x-2, reports/x-3, ...
         n += 1
         out = base.with_name(f"{base.name}-{n}")
-    return device, dtype, out
+    return device, weights, compute, out
 
 
 def _not_fresh(out: Path) -> str | None:
@@ -154,67 +142,45 @@ def _not_fresh(out: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from depthlab.analysis.diagnostics import diagnose, load_target
-    from depthlab.analysis.diagnostics.streamed_runner import plan_engine
+    from depthlab.analysis.diagnostics import diagnose
+    from depthlab.base.errors import DepthlabError
     from depthlab.base.provenance import command_line
+    from depthlab.targets import load_target
 
     given = DIAGNOSE.given(args)
-    device, dtype, out = _check(args, given)
-    plan = plan_engine(args.target, device, dtype, given.get("stream"))
-    if plan.streamed:
-        return _run_streamed(args, given, plan, device, dtype, out)
-    target = load_target(args.target, device=device, dtype=dtype, scheme=args.scheme,
-                         progress=None if given.get("progress", True) else False)
+    device, weights, compute, out = _check(args, given)
+    target = load_target(args.target, device=device, dtype=weights, compute_dtype=compute, scheme=args.scheme,
+                         progress=None if given.get("progress", True) else False, stream=given.get("stream"))
+    streamed = target.plan.streamed  # the library chose (depthlab.targets.engine); the line says why
+    if streamed and given.get("jacobian"):
+        raise DepthlabError("--jacobian needs the model in memory (block Jacobians are not streamed); drop --jacobian "
+                            "or add --no-stream")
     given["seq_len"] = _seq_len(given.get("seq_len"), target)
     if not target.causal:
         log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", args.target)
-    n_params = sum(p.numel() for p in target.model.parameters())
-    given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), given.get("jacobian"), device.type,
-                                                                  n_params, target.info.get("d_model"), given["seq_len"],
-                                                                  plan.line)
-    if chosen:
-        print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails
+    line = target.plan.line + ("; block Jacobians are in-memory only: off" if streamed else "")
+    given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), False if streamed else
+                                                                  given.get("jacobian"), device.type, target.n_params,
+                                                                  target.info.get("d_model"), given["seq_len"], line)
+    print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails
     opts = DiagnoseOptions(**given)  # progress: a bar on a terminal, ETA log lines otherwise
-    report = diagnose(target, opts, command=command_line(args.argv))
-    report["engine"] = {"name": "in-memory", "line": plan.line}
+    report = diagnose(target, opts, command=command_line(args.argv), out=out)
     return _publish(report, out, opts)
 
 
 def _publish(report: dict, out: Path, opts: DiagnoseOptions) -> int:
-    """Write the report whole (a hidden sibling renamed to ``out``), then print its summary sentence and path
-    (a note on stderr when the data was short)."""
+    """Write the report whole (a hidden sibling renamed to ``out``), drop a streamed sweep's resume state, then
+    print the summary sentence and path (a note on stderr when the data was short)."""
     from depthlab.analysis.diagnostics import write_report
+    from depthlab.analysis.diagnostics.streamed_runner import finish
     from depthlab.base.fileio import publish_dir
 
     with publish_dir(out) as tmp:
         write_report(report, tmp)
+    finish(out)
     if report["data"]["short"]:
         print(f"note: the data held only {report['data']['tokens']} tokens (asked for {opts.tokens}); used what there is",
               file=sys.stderr)
     print(report["summary"])
     print(f"report: {out / 'report.html'}")
     return 0
-
-
-def _run_streamed(args: argparse.Namespace, given: dict, plan, device, dtype, out: Path) -> int:
-    """The model read one layer at a time (``depthlab.analysis.diagnostics.streamed_runner``); its resume state lives in a
-    hidden sibling of ``out`` until the report is published."""
-    from depthlab.analysis.diagnostics.streamed_runner import compute_dtype, diagnose_streamed, finish
-    from depthlab.base.errors import DepthlabError
-    from depthlab.base.provenance import command_line
-    from depthlab.targets.layerwise import open_layerwise
-
-    if given.get("jacobian"):
-        raise DepthlabError("--jacobian needs the model in memory (block Jacobians are not streamed); drop --jacobian "
-                            "or add --no-stream")
-    target = open_layerwise(args.target, device, dtype, compute_dtype(device, dtype))
-    given["seq_len"] = _seq_len(given.get("seq_len"), target)
-    given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), False, device.type,
-                                                                  target.info["n_params"], target.info["d_model"],
-                                                                  given["seq_len"], plan.line)
-    print(chosen, flush=True)
-    opts = DiagnoseOptions(**given)
-    report = diagnose_streamed(target, opts, command=command_line(args.argv), out=out, plan=plan)
-    code = _publish(report, out, opts)
-    finish(out)
-    return code

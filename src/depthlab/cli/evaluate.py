@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 
+from depthlab.analysis.evaluate.options import SCORINGS, EvaluateOptions
 from depthlab.base.devices import DEVICE_HELP
-from depthlab.cli.diagnose import DTYPE_HELP
+from depthlab.cli._args import device_precision, precision_flags
+from depthlab.cli._options import Section, add_config_flag
+from depthlab.cli.diagnose import AUTO_WEIGHTS
 
 USAGE = """\
 examples:
   depthlab evaluate runs/lns --tasks builtin-mc --out evals/lns
   depthlab evaluate smollm2 --tasks arc_easy.jsonl,piqa.jsonl,boolq.jsonl --limit 200 --out evals/smollm2
   depthlab evaluate runs/lns-sft --tasks builtin-mc --scoring generate --out evals/lns-sft
+  depthlab evaluate runs/lns --config eval.yaml --out evals/lns     # any option below from a YAML/JSON file
 
 TARGET as in `depthlab diagnose`: a run dir / checkpoint, preset:NAME, an HF dir, a .gguf, smollm2.
 --tasks: comma-separated; a local .jsonl in the native format of ARC, OpenBookQA, PIQA, HellaSwag,
@@ -26,23 +28,21 @@ Commonsense170K-style instruction, through the SFT prompt --template.
 Writes eval.json (every number, target, command, versions) and eval.md (the table) into --out.
 """
 
+#: Every EvaluateOptions field is a flag (``depthlab.cli._options``); its help is the field's comment.
+EVALUATE = Section("evaluate", EvaluateOptions, choices={"scoring": SCORINGS})
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("evaluate", help="multiple-choice accuracy (lm-eval-style or generate-and-match)",
                               description=__doc__ + "\n\n" + USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="TARGET", help="run dir / checkpoint, preset:NAME, HF dir, .gguf, hub id, smollm2")
-    p.add_argument("--tasks", required=True, help="comma-separated: FILE.jsonl, builtin-mc, hf:NAME[:CONFIG[:SPLIT]]")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (must not exist or be empty)")
-    p.add_argument("--limit", type=int, default=None, help="score the first N items of each task")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
-    p.add_argument("--scoring", choices=("loglik", "generate"), default="loglik", help="default loglik (lm-eval)")
-    p.add_argument("--template", default="alpaca", help="SFT prompt template for --scoring generate (alpaca, llm-adapters)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="generated tokens for --scoring generate (default 32)")
+    p.add_argument("--out", metavar="DIR", help="output directory (required; must not exist or be empty)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"), help=DTYPE_HELP)
+    precision_flags(p, AUTO_WEIGHTS)
     p.add_argument("--scheme", default=None, help="scheme of a preset:NAME target (default pre); other targets keep "
                    "the scheme they were trained with")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    EVALUATE.add_to(p)
+    add_config_flag(p)
     p.set_defaults(func=run)
 
 
@@ -51,29 +51,23 @@ def run(args: argparse.Namespace) -> int:
 
     from depthlab.analysis.evaluate import evaluate, load_tasks, markdown_table
     from depthlab.base.errors import DepthlabError
-    from depthlab.cli.diagnose import _device_dtype
+    from depthlab.base.provenance import command_line
     from depthlab.data.sft import get_template
     from depthlab.targets import load_target
 
+    if not args.out:
+        raise DepthlabError("give --out DIR for eval.json and eval.md")
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"output directory {str(out)!r} is not empty; give a new --out directory")
-    for name in ("batch_size", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            raise DepthlabError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    get_template(args.template)
-    tasks = load_tasks(args.tasks, args.limit)  # every task is read and checked before the model loads
-    device, dtype = _device_dtype(args)
-    target = load_target(args.target, device=device, dtype=dtype, scheme=args.scheme)
-    command = "depthlab evaluate " + " ".join(shlex.quote(a) for a in _argv())
-    results = evaluate(target, tasks, out=out, limit=args.limit, batch_size=args.batch_size, scoring=args.scoring,
-                       template=args.template, max_new_tokens=args.max_new_tokens,
-                       progress=not args.no_progress and sys.stderr.isatty(), command=command)
+    opts = EvaluateOptions(**EVALUATE.given(args))
+    opts.validate()
+    get_template(opts.template)
+    tasks = load_tasks(opts.tasks, opts.limit)  # every task is read and checked before the model loads
+    device, weights, compute = device_precision(args)
+    target = load_target(args.target, device=device, dtype=weights, compute_dtype=compute, scheme=args.scheme)
+    results = evaluate(target, tasks, out=out, **opts.scoring_kwargs(), progress=opts.progress,
+                       command=command_line(args.argv))
     print(markdown_table(results), end="")
     print(f"results: {out / 'eval.json'}   (table: {out / 'eval.md'})")
     return 0
-
-
-def _argv() -> list[str]:
-    argv = sys.argv[1:]
-    return argv[argv.index("evaluate") + 1:] if "evaluate" in argv else argv

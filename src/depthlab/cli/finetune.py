@@ -37,8 +37,10 @@ Outputs in --out as for `depthlab train`: config.json (with
 #: The TrainConfig fields a fine-tuning run takes as flags (its tokenizer is the source's; SFT records, not text).
 TRAIN = Section("train", TrainConfig, exclude=("tokenizer", "val_data", "text_field", "streaming"),
                 choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES, "weights": WEIGHT_DTYPES},
-                helps={"dtype": "auto | fp32 | bf16: bf16 weights, no fp32 copy (see --weights) (default auto)",
-                       "weights": "fp32 | bf16 (default: bf16 with --dtype bf16, else fp32)",
+                helps={"dtype": "compute precision: auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 (with --weights auto: "
+                                "bf16 weights, no fp32 copy) (default auto)",
+                       "weights": "weight dtype: auto (bf16 with --dtype bf16, else fp32) | fp32 (with --dtype bf16: "
+                                  "autocast over fp32 weights) | bf16",
                        "data": "builtin-sft | FILE.json | FILE.jsonl (Alpaca or chat records)",
                        "pack": "pack examples into rows (default: one padded example per row)",
                        "steps": "optimizer steps (default: 3 epochs)",
@@ -70,8 +72,7 @@ def _configs(args):
     if not args.resume:
         if not (args.source and args.out and given.get("data")):
             raise DepthlabError("give SOURCE, --data and --out (or --resume RUN_DIR)")
-        bf16 = {"weights": "bf16"} if given.get("dtype") == "bf16" else {}  # bf16 weights, no fp32 copy
-        return args.source, TrainConfig(**{"pack": False, **bf16, **given}), args.out, False, args.template or "alpaca"
+        return args.source, TrainConfig(**{"pack": False, **given}), args.out, False, args.template or "alpaca"
     if args.out and Path(args.out).resolve() != Path(args.resume).resolve():
         raise DepthlabError(f"--out {args.out!r} differs from --resume {args.resume!r}; give one run directory")
     saved = saved_config(Path(args.resume))

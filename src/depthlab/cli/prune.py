@@ -4,10 +4,9 @@ checkpoint that plain ``transformers`` loads (plus a report)."""
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 
 from depthlab.base.devices import DEVICE_HELP
+from depthlab.cli._args import device_precision, precision_flags
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.prune.options import HEAL_MODES, METHODS, HealOptions, PruneOptions
 
@@ -37,6 +36,8 @@ block at each step (about L/2 forward passes per step; SmolLM2, 2,048 tokens, on
 
 #: Every PruneOptions / HealOptions field is a flag (``depthlab.cli._options``); its help is the field's comment.
 PRUNE = Section("prune", PruneOptions, exclude=("heal",), choices={"method": METHODS})
+#: What --weights auto means here: healing trains the weights, so they stay fp32 unless asked.
+AUTO_WEIGHTS = "fp32: healing trains them"
 HEAL = Section("heal", HealOptions, prefix="heal-", exclude=("data", "seq_len", "progress"), rename={"mode": "heal"},
                choices={"mode": HEAL_MODES}, title="healing")
 
@@ -48,8 +49,7 @@ def register(subparsers) -> None:
     p.add_argument("target", metavar="TARGET", help="run dir / checkpoint, HF dir, .gguf, hub id, smollm2")
     p.add_argument("--out", help="output directory (must not exist or be empty)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="weights while pruning (default fp32); "
-                   "bf16 on a CPU: bf16 weights, each layer computed in fp32")
+    precision_flags(p, AUTO_WEIGHTS)
     PRUNE.add_to(p)
     HEAL.add_to(p)
     add_config_flag(p)
@@ -59,11 +59,10 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from depthlab.analysis.diagnostics import load_target
-    from depthlab.analysis.diagnostics.streamed_runner import plan_engine
     from depthlab.base.errors import DepthlabError
-    from depthlab.cli.diagnose import _device_dtype
+    from depthlab.base.provenance import command_line
     from depthlab.prune import check_options, check_target, prune_target
+    from depthlab.targets import load_target
 
     if not args.out:
         raise DepthlabError("give --out DIR for the pruned checkpoint")
@@ -77,27 +76,16 @@ def run(args: argparse.Namespace) -> int:
                           **HEAL.given(args), "progress": progress})
     opts = PruneOptions(**given, heal=heal, progress=progress)
     check_options(opts)  # what needs no model (--heal lora without peft too); block ranges once it is loaded
-    device, dtype = _device_dtype(args)
-    plan = plan_engine(args.target, device, dtype, opts.stream)
-    command = "depthlab prune " + " ".join(shlex.quote(a) for a in _argv(args))
-    if plan.streamed:
-        from depthlab.analysis.diagnostics.streamed_runner import compute_dtype
-        from depthlab.prune.streamed import check_stream_target, prune_streamed
-        from depthlab.targets.layerwise import open_layerwise
-
-        target = open_layerwise(args.target, device, dtype, compute_dtype(device, dtype))
-        check_stream_target(target, opts, out)
-        _say_plan(device, plan)
-        report = prune_streamed(target, opts, out, command=command, plan=plan)
-    else:
-        target = load_target(args.target, device=device, dtype=dtype, progress=None if progress else False)
-        check_target(target, opts, out)
-        _say_plan(device, plan)
-        report = prune_target(target, opts, out, command=command)
+    device, weights, compute = device_precision(args, "fp32")
+    target = load_target(args.target, device=device, dtype=weights, compute_dtype=compute,
+                         progress=None if progress else False, stream=opts.stream)  # the library picks the engine
+    check_target(target, opts, out)
+    print(f"prune on {device.type}: engine: {target.plan.line}", flush=True)  # once every check has passed
+    report = prune_target(target, opts, out, command=command_line(args.argv))
     exp = report["export"]
     print(report.get("summary") or "")
     cached = exp["generate_cache_matches_no_cache"]
-    versus = "the original with those blocks skipped, streamed" if plan.streamed else "in-memory pruned"
+    versus = "the original with those blocks skipped, streamed" if target.plan.streamed else "in-memory pruned"
     generate = "not checked (too big to load)" if cached is None else "ok" if cached else "DIFFERS from no cache"
     print(f"export check: max |Δ logit| = {exp['max_abs_logit_diff']:.3e} (reloaded vs {versus}), "
           f"generate with KV cache {generate}")
@@ -105,14 +93,3 @@ def run(args: argparse.Namespace) -> int:
     if report.get("run_dir"):
         print(f"depthlab run directory: {report['run_dir']} (depthlab diagnose / depthlab train --init-from accept it)")
     return 0
-
-
-def _say_plan(device, plan) -> None:
-    """The one-line plan on stdout, once every check has passed (a refusal stays the only line)."""
-    print(f"prune on {device.type}: engine: {plan.line.replace('; block Jacobians are in-memory only: off', '')}",
-          flush=True)
-
-
-def _argv(args: argparse.Namespace) -> list[str]:
-    argv = sys.argv[1:]
-    return argv[argv.index("prune") + 1:] if "prune" in argv else [args.target]

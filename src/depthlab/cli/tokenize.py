@@ -30,6 +30,7 @@ def run(args) -> int:
 
     from depthlab.base.errors import DepthlabError
     from depthlab.base.fileio import publish_dir
+    from depthlab.base.provenance import command_line
     from depthlab.data import build_tokenizer, check_tokenizer_spec, iter_documents, write_shards
 
     if Path(args.out).exists():
@@ -39,7 +40,7 @@ def run(args) -> int:
     texts = iter_documents(args.data, "train", args.text_field) if args.tokenizer.startswith("bpe:") else None
     tok = build_tokenizer(args.tokenizer, texts, cache_dir=args.cache_dir)
     with publish_dir(args.out) as tmp:  # --out appears whole or not at all (a full disk leaves nothing behind)
-        meta = write_shards(args.data, tok, tmp, args.text_field)
+        meta = write_shards(args.data, tok, tmp, args.text_field, command=command_line(args.argv))
         if not meta["train_tokens"]:
             raise DepthlabError(f"--data {args.data!r} holds no text to tokenize")
     print(f"{args.out}: {meta['train_tokens']} train + {meta['val_tokens']} val tokens ({meta['dtype']}, {tok.spec})")

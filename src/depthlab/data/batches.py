@@ -118,9 +118,11 @@ def reads_shards(spec: str, tokenizer: Tokenizer, split: str) -> bool:
     return spec not in NAMED_CORPORA or (split != "all" and shards_fit(spec, tokenizer))
 
 
-def write_shards(spec: str, tokenizer: Tokenizer, out_dir: str | Path, text_field: str = "text") -> dict:
+def write_shards(spec: str, tokenizer: Tokenizer, out_dir: str | Path, text_field: str = "text",
+                 command: str | None = None) -> dict:
     """Tokenize a corpus once into ``out_dir/{train,val}.bin`` (uint16/uint32, EOS-separated) for
-    training on large data: ``--data out_dir`` then memory-maps them. Returns the metadata."""
+    training on large data: ``--data out_dir`` then memory-maps them. Returns the metadata (``command``: the
+    command line that made them, recorded there)."""
     out = Path(out_dir)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -137,7 +139,7 @@ def write_shards(spec: str, tokenizer: Tokenizer, out_dir: str | Path, text_fiel
         counts[f"{split}_tokens"] = n
     tokenizer.save(out / "tokenizer")
     meta = {"dtype": np.dtype(dtype).name, "tokenizer": tokenizer.spec, "fingerprint": tokenizer.fingerprint(),
-            "source": spec, "text_field": text_field, **counts}
+            "source": spec, "text_field": text_field, **counts, **({"command": command} if command else {})}
     (out / SHARDS_META).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 

@@ -265,3 +265,18 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
 
         return AutoTokenizerWrapper(AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False), spec)
     raise DepthlabError(f"{meta_path}: unknown tokenizer kind {kind!r}")
+
+
+def model_tokenizer(path: str | Path, **kwargs) -> AutoTokenizerWrapper | None:
+    """The tokenizer shipped in a Hugging Face model directory (``kwargs``: e.g. ``gguf_file``), or None when it has
+    none: a command that needs text says so in its one line when it gets there."""
+    from transformers import AutoTokenizer
+
+    spec = "hf:" + (str(Path(path) / kwargs["gguf_file"]) if "gguf_file" in kwargs else str(path))
+    try:
+        return AutoTokenizerWrapper(AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, **kwargs), spec)
+    except DepthlabError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any loader failure
+        log.debug("no tokenizer for %s (%s); pass token data another way", path, first_line(err)[:120])
+        return None

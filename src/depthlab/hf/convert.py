@@ -373,10 +373,12 @@ def to_hf_model(model: DecoderLM, dtype: torch.dtype = torch.float32) -> nn.Modu
     return hf_model.eval()
 
 
-def to_hf(model: DecoderLM, out_dir: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer: Any = None) -> Path:
+def to_hf(model: DecoderLM, out_dir: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer: Any = None,
+          command: str | None = None) -> Path:
     """Write a Hugging Face checkpoint (safetensors + config.json) that plain
     ``AutoModelForCausalLM.from_pretrained(out_dir)`` loads with no custom code, same logits.
-    ``tokenizer``: a depthlab tokenizer (or an HF one) to save beside it."""
+    ``tokenizer``: a depthlab tokenizer (or an HF one) to save beside it; ``command``: the command line that made
+    it, recorded in config.json's ``depthlab`` section (``exported_by``)."""
     import depthlab  # the version only
 
     hf_model = to_hf_model(model, dtype)
@@ -386,6 +388,7 @@ def to_hf(model: DecoderLM, out_dir: str | Path, *, dtype: torch.dtype = torch.f
         "scheme_options": model.cfg.scheme_options,
         "lns_position": scheme_option(model.cfg, "position") if model.cfg.scheme in scheme_names(lns=True) else None,
         "folded": True,  # the scalings are in the weights: this is a vanilla model
+        **({"exported_by": command} if command else {}),
     }
     set_special_token_ids(hf_model, tokenizer)
     out = save_hf_checkpoint(hf_model, out_dir, tokenizer)

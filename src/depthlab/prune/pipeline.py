@@ -1,7 +1,9 @@
-"""``prune_target``: diagnosis -> choice of blocks -> surgery -> (healing) -> HF export -> checks -> report.
+"""The in-memory engine of ``prune``: diagnosis -> choice of blocks -> surgery -> (healing) -> HF export -> checks
+-> report.
 
     target = load_target("smollm2")
-    report = prune_target(target, PruneOptions(method="removal", remove=6), "pruned/smollm2-24")
+    report = prune_in_memory(target, PruneOptions(method="removal", remove=6), "pruned/smollm2-24")
+    # prune_target(target, ...) (depthlab.prune.engines) runs this, or the layer-streamed engine
 
 Everything the user can get wrong is checked before any pass over data, and the output directory is
 created only once the blocks are chosen: a bad request or a budget no block fits writes nothing.
@@ -22,6 +24,7 @@ from depthlab.analysis.diagnostics.capture import ResidualCapture, capture_of
 from depthlab.analysis.diagnostics.removal import joint_removal_loss
 from depthlab.base.errors import DepthlabError
 from depthlab.base.metrics import perplexity
+from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.export import (
     check_prunable,
     cost,
@@ -35,6 +38,7 @@ from depthlab.prune.export import (
 from depthlab.prune.heal import check_heal, heal
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.select import Selection, Survey, check_blocks, select_blocks, survey_model
+from depthlab.targets.engine import engine_record
 from depthlab.targets.layers import find_layers
 from depthlab.targets.target import Target
 
@@ -107,7 +111,7 @@ def _survey(model: nn.Module, batches) -> dict[str, Any]:
     return {"loss": s.loss, "ppl": perplexity(s.loss), "tokens": s.tokens, "angular": s.angular, "influence": s.influence}
 
 
-def check_target(target: Target, opts: PruneOptions, out: Path) -> int:
+def check_in_memory(target: Target, opts: PruneOptions, out: Path) -> int:
     """Every refusal that needs the loaded model (an encoder, a scheme Llama cannot express, block ranges) and
     a free ``out``, before any pass over data; returns the model's block count."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -120,7 +124,8 @@ def check_target(target: Target, opts: PruneOptions, out: Path) -> int:
     return n_layers
 
 
-def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: str | None = None) -> dict[str, Any]:
+@logs_to_stderr
+def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command: str | None = None) -> dict[str, Any]:
     """Prune ``target`` as ``opts`` says and write the HF checkpoint, ``prune.json`` and ``report.html``
     into ``out`` (plus ``out/run``, a depthlab run directory, for depthlab models). Returns the report.
 
@@ -133,7 +138,7 @@ def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: s
 
     t0 = time.time()
     out = Path(out)
-    L = check_target(target, opts, out)
+    L = check_in_memory(target, opts, out)
     batches = held_out_batches(target, opts)
     before, sel = choose(target, opts, batches)
     ids = _probe_ids(batches)
@@ -171,6 +176,7 @@ def prune_target(target: Target, opts: PruneOptions, out: str | Path, command: s
             "cost": {"original": cost(original_hf, batches.seq_len), "pruned": cost(final_hf, batches.seq_len)},
             "options": {**asdict(opts), "heal": asdict(opts.heal)},
             "command": command,
+            "engine": engine_record(target),
         }
         if healed is not None:
             h = _survey(healed, batches)

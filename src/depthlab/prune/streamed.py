@@ -1,7 +1,8 @@
 """``depthlab prune`` on a model read one layer at a time: choose, cut and check without holding the model.
 
-    target = open_layerwise("path/to/hf-dir", dtype=torch.bfloat16)
+    target = load_target("path/to/hf-dir", dtype=torch.bfloat16, stream=True)
     report = prune_streamed(target, PruneOptions(method="angular-block", remove=8), "pruned/x")
+    # or prune_target(target, ...) (depthlab.prune.engines), which runs the engine of the target it is given
 
 The same choices as in memory (:func:`depthlab.prune.select.select_blocks`: greedy removal, angular-block,
 block influence, ``--blocks``; ``--remove`` or ``--budget``), measured by sweeps of the streamed engine
@@ -26,14 +27,16 @@ import torch
 
 from depthlab.analysis.diagnostics.angular import AngularAccumulator
 from depthlab.analysis.diagnostics.removal import nll_sum
-from depthlab.analysis.diagnostics.streamed import MEMORY_FRACTION, Stream, SweepBatch, Sweeper, SweepSettings, available_memory
+from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, SweepSettings
 from depthlab.analysis.diagnostics.streamed_runner import LossConsumer, joint_loss, state_dir
 from depthlab.base.errors import DepthlabError
 from depthlab.base.metrics import perplexity
+from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.pipeline import check_options, held_out_batches
 from depthlab.prune.select import InfluenceAccumulator, Selection, Survey, check_blocks, select_blocks
 from depthlab.prune.shards import write_pruned_shards
+from depthlab.targets.engine import MEMORY_FRACTION, available_memory, engine_record
 from depthlab.targets.layerwise import StreamTarget, locate, open_layerwise, stored_bytes
 
 log = logging.getLogger(__name__)
@@ -136,7 +139,7 @@ def streamed_cost(target: StreamTarget, seq_len: int) -> dict[str, int]:
 
 
 def check_stream_target(target: StreamTarget, opts: PruneOptions, out: Path) -> None:
-    """:func:`depthlab.prune.pipeline.check_target` for a model read one layer at a time."""
+    """:func:`depthlab.prune.pipeline.check_in_memory` for a model read one layer at a time."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
     if target.kind != "hf-causal-lm":
@@ -162,8 +165,9 @@ def choose_streamed(measure: StreamedMeasure, opts: PruneOptions) -> tuple[Surve
     return before, sel
 
 
+@logs_to_stderr
 def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, command: str | None = None,
-                   settings: SweepSettings | None = None, plan: Any = None) -> dict[str, Any]:
+                   settings: SweepSettings | None = None) -> dict[str, Any]:
     """Prune ``target`` as ``opts`` says, reading it one layer at a time; write the HF checkpoint, ``prune.json``
     and ``report.html`` into ``out``, whole or not at all (a hidden sibling renamed once verified and reported;
     the sweeps' resume state lives beside it). Returns the report (:func:`depthlab.prune.prune_target`'s shape)."""
@@ -188,7 +192,7 @@ def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, co
         after_measure = StreamedMeasure(pruned, measure.text, settings)
         after = after_measure.survey("survey-pruned")
         check = verify_streamed(measure, after_measure, measure.text[0].ids[:2, :64], sel.removed, tmp)
-        report = _report(target, pruned, opts, sel, before, after, batches, measure, after_measure, plan)
+        report = _report(target, pruned, opts, sel, before, after, batches, measure, after_measure)
         report.update(export={**check, "dir": str(out), "written": written}, command=command,
                       seconds=round(time.time() - t0, 2))
         write_report(report, tmp)
@@ -197,7 +201,7 @@ def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, co
 
 
 def _report(target: StreamTarget, pruned: StreamTarget, opts: PruneOptions, sel: Any, before: Any, after: Any,
-            batches: Any, measure: StreamedMeasure, after_measure: StreamedMeasure, plan: Any) -> dict[str, Any]:
+            batches: Any, measure: StreamedMeasure, after_measure: StreamedMeasure) -> dict[str, Any]:
     """prune.json's sections the streamed path fills (the shape :func:`depthlab.prune.prune_target` writes)."""
     L = measure.n_layers
     return {
@@ -215,7 +219,7 @@ def _report(target: StreamTarget, pruned: StreamTarget, opts: PruneOptions, sel:
         "cost": {"original": streamed_cost(target, batches.seq_len), "pruned": streamed_cost(pruned, batches.seq_len)},
         "options": {**asdict(opts), "heal": asdict(opts.heal)},
         "latency": None, "run_dir": None,
-        "engine": _engine(measure, after_measure, plan),
+        "engine": _engine(measure, after_measure),
     }
 
 
@@ -260,10 +264,9 @@ def _transformers_check(out: Path, ids: torch.Tensor, ref: torch.Tensor, dtype: 
             "generate_cache_matches_no_cache": bool(torch.equal(with_cache, without))}
 
 
-def _engine(measure: StreamedMeasure, after: StreamedMeasure, plan: Any) -> dict[str, Any]:
+def _engine(measure: StreamedMeasure, after: StreamedMeasure) -> dict[str, Any]:
     st, meter = measure.sweeper.stats, measure.target.source.store.meter
-    return {"name": "streamed", "line": plan.line if plan is not None else "streamed, one layer at a time",
-            "compute_dtype": str(measure.target.source.compute_dtype).replace("torch.", ""),
+    return {**engine_record(measure.target), "compute_dtype": str(measure.target.source.compute_dtype).replace("torch.", ""),
             "sweeps": st.passes, "weight_passes": st.weight_passes, "layers_computed": st.layers_computed,
             "block_evals": st.block_evals, "token_evals": st.token_evals, "head_tokens": st.head_tokens,
             "sweep_seconds": round(st.seconds, 2), "bytes_read": meter.bytes_read, "peak_weight_bytes": meter.peak,

@@ -400,6 +400,11 @@ class StreamTarget:
     path: Path | None = None  # the HF directory or the run's checkpoint directory
     batches_for: Callable[[Any], Any] | None = None
     causal: bool = True
+    plan: Any = None  # the EnginePlan that chose to stream it (depthlab.targets.engine), when one did
+
+    @property
+    def n_params(self) -> int:
+        return self.info["n_params"]
 
 
 @dataclass(frozen=True)
@@ -410,6 +415,7 @@ class Located:
     path: Path  # HF directory, or the run's checkpoint directory
     files: tuple[Path, ...]
     config: dict[str, Any]  # HF config.json, or the run's config.json
+    run: Any = field(default=None, compare=False)  # a run: its checkpoint opened (depthlab.targets.runs.RunCheckpoint)
 
 
 def locate(name: str) -> Located | str:
@@ -437,34 +443,16 @@ def locate(name: str) -> Located | str:
 
 
 def _locate_run(path: Path) -> Located | str:
-    ckpt = intact_checkpoint(path)
-    if isinstance(ckpt, str):
-        return ckpt
+    """A run's newest intact checkpoint, opened by the one run loader without reading its tensors."""
+    from depthlab.targets.runs import open_run
+
     try:
-        config = json.loads((ckpt / "config.json").read_text())
-    except (OSError, ValueError) as err:
-        return f"its config.json is unreadable ({first_line(err)[:100]})"
-    if config.get("family", "lm") != "lm":
-        return f"a {config.get('family')} run is not streamable (only decoder LM runs are)"
-    return Located("run", ckpt, (ckpt / "model.safetensors",), config)
-
-
-def intact_checkpoint(path: Path) -> Path | str:
-    """The checkpoint ``load_run`` would read (the newest intact one: sizes and checksums), without reading
-    its tensors; or why there is none."""
-    from depthlab.base.store.checkpoint import CKPT_DIR, STATE, damage, list_checkpoints
-
-    single = (path / STATE).exists()
-    run = path.parent if path.name == CKPT_DIR else path
-    candidates = [path] if single else list(reversed(list_checkpoints(run)))
-    for ckpt in candidates:
-        why = damage(ckpt)
-        if why is None:
-            return ckpt
-        if single:
-            return f"checkpoint {str(ckpt)!r} is damaged: {why}"
-        log.warning("checkpoint %s is damaged (%s); trying the previous one", ckpt, why)
-    return f"{str(path)!r} holds no intact checkpoint"
+        run = open_run(path, weights=False)
+    except DepthlabError as err:
+        return first_line(err)
+    if run.family.name != "lm":
+        return f"a {run.family.name} run is not streamable (only decoder LM runs are)"
+    return Located("run", run.path, (run.path / "model.safetensors",), run.config, run)
 
 
 def stored_bytes(located: Located, dtype: torch.dtype) -> int:
@@ -477,10 +465,10 @@ def stored_bytes(located: Located, dtype: torch.dtype) -> int:
 
 
 def open_layerwise(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                   compute_dtype: torch.dtype | None = None) -> StreamTarget:
+                   compute_dtype: torch.dtype | None = None, found: Located | None = None) -> StreamTarget:
     """``name`` (an HF safetensors directory or a depthlab run) as a :class:`StreamTarget`; weights in
-    ``dtype``, each layer computed in ``compute_dtype`` (default ``dtype``)."""
-    found = locate(name)
+    ``dtype``, each layer computed in ``compute_dtype`` (default ``dtype``). ``found``: ``locate(name)`` done."""
+    found = found if found is not None else locate(name)
     if isinstance(found, str):
         raise DepthlabError(f"cannot stream {name!r}: {found}")
     device = torch.device(device)
@@ -488,7 +476,7 @@ def open_layerwise(name: str, device: str | torch.device = "cpu", dtype: torch.d
     store = TensorStore(list(found.files))
     if found.kind == "run":
         return _run_target(found, name, store, device, dtype, compute_dtype)
-    from depthlab.targets.load import _hf_tokenizer
+    from depthlab.data.tokenizers import model_tokenizer
 
     source = HFLayerSource(found.path, store, device, dtype, compute_dtype)
     cfg = source.skeleton.config
@@ -498,36 +486,16 @@ def open_layerwise(name: str, device: str | torch.device = "cpu", dtype: torch.d
             "vocab_size": cfg.vocab_size, "n_params": sum(i.numel for i in store.index.values()),
             "layernorm_scaling": getattr(cfg, "layernorm_scaling", None), "depthlab_export": getattr(cfg, "depthlab", None),
             "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
-    return StreamTarget(source, name, "hf-causal-lm", _hf_tokenizer(str(found.path)), info,
+    return StreamTarget(source, name, "hf-causal-lm", model_tokenizer(found.path), info,
                         getattr(cfg, "max_position_embeddings", None), device, found.path)
 
 
 def _run_target(found: Located, name: str, store: TensorStore, device: torch.device, dtype: torch.dtype,
                 compute_dtype: torch.dtype) -> StreamTarget:
-    """A depthlab run: its scheme checked against the weights' metadata, its tokenizer beside the checkpoint."""
-    from safetensors import safe_open
-
-    from depthlab.data.tokenizers import load_tokenizer
-    from depthlab.models.config import ModelConfig
-
-    cfg = ModelConfig.from_dict(found.config["model"])
-    with safe_open(str(found.files[0]), "pt") as f:
-        scheme = (f.metadata() or {}).get("scheme")
-    if scheme != cfg.scheme:
-        raise DepthlabError(f"checkpoint {str(found.path)!r} holds weights of scheme {scheme!r}, but its config says "
-                            f"{cfg.scheme!r}; refusing to load")
-    source = RunLayerSource(cfg, store, device, dtype, compute_dtype)
-    tokenizer = None
-    for tdir in (found.path.parent.parent / "tokenizer", found.path / "tokenizer"):
-        if tdir.is_dir():
-            tokenizer = load_tokenizer(tdir)
-            break
-    run = found.path.parent.parent if found.path.parent.name == "checkpoint" else found.path
+    """A depthlab run, opened by the one run loader (:func:`depthlab.targets.runs.open_run`: scheme checked against the
+    weights' metadata, tokenizer beside the checkpoint), its blocks from the scheme registry."""
+    run = found.run
+    source = RunLayerSource(run.model_cfg, store, device, dtype, compute_dtype)
     n_params = sum(p.numel() for p in {id(p): p for p in source.skeleton.parameters()}.values())
-    info = {"source": f"depthlab run {Path(name)}", "scheme": cfg.scheme, "scheme_options": cfg.scheme_options,
-            "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.d_ff,
-            "n_params": n_params, "config": cfg.to_dict(), "train": found.config.get("train"),
-            "architecture": "depthlab.DecoderLM", "n_kv_heads": cfg.kv_heads, "vocab_size": cfg.vocab_size,
-            "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
-    log.debug("streaming run %s from %s", run, found.path)
-    return StreamTarget(source, name, "depthlab", tokenizer, info, cfg.max_seq_len, device, found.path)
+    info = {**run.info(name, n_params), "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
+    return StreamTarget(source, name, "depthlab", run.tokenizer, info, run.model_cfg.max_seq_len, device, found.path)

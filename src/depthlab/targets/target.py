@@ -21,6 +21,7 @@ class Target:
     info: dict[str, Any] = field(default_factory=dict)  # shape and provenance for the report
     max_seq_len: int | None = None  # longest input the model accepts (None: unbounded)
     batches_for: Callable[[Any], Any] | None = None  # opts -> its own held-out batches (ViT runs: images)
+    plan: Any = None  # the EnginePlan that chose to load it in memory (depthlab.targets.engine), when one did
 
     @property
     def causal(self) -> bool:
@@ -29,6 +30,10 @@ class Target:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
 
     def forward_fn(self) -> Callable[[torch.Tensor], torch.Tensor | None]:
         model = self.model

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,12 +31,14 @@ from depthlab.analysis.monitor.trackers import TrackerSpec
 from depthlab.base.devices import resolve_device
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import write_json_atomic
+from depthlab.base.progress import progress as progress_bar
+from depthlab.base.progress import user_logging
 from depthlab.base.store.checkpoint import load_intact, remove_stale_tmp, save_checkpoint, set_rng_state
 from depthlab.base.store.integrity import first_nonfinite
 from depthlab.base.store.lock import RunGuard, run_guard
 from depthlab.models.config import ModelConfig
 from depthlab.train import distributed as D
-from depthlab.train.config import TrainConfig
+from depthlab.train.config import TrainConfig, schedule_line
 from depthlab.train.data import TrainData
 from depthlab.train.evaluator import EvalResult, Evaluator
 from depthlab.train.family import TrainFamily, train_family
@@ -52,6 +53,7 @@ from depthlab.train.step import (
     choose_compile,
     compile_for_training,
     execution_plan,
+    read_results,
     train_step,
 )
 
@@ -87,7 +89,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *
     """
     env = D.setup(train_cfg.dist, _device(train_cfg))
     try:
-        with run_guard(Path(out_dir), env.is_main, existing=resume) as guard:
+        with user_logging(quiet), run_guard(Path(out_dir), env.is_main, existing=resume) as guard:
             return _train(model_cfg, train_cfg, Path(out_dir), resume, progress, quiet, command, env, allow_changed,
                           guard, start)
     finally:
@@ -117,14 +119,15 @@ def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bo
     if start is not None:
         extra["tokenizer"] = start.tokenizer  # fine-tuning: the source's tokenizer (LMs)
     run = family.open_run(model_cfg, train_cfg, out, resume, env, **extra)  # bad input fails here or in the next
-    run = dataclasses.replace(run, cfg=run.cfg.replace(compile=choose_compile(run.cfg, device)))  # auto, decided
+    n_params = family.family.num_params(run.model_cfg)
+    run = dataclasses.replace(run, cfg=run.cfg.replace(compile=choose_compile(run.cfg, device, n_params)))  # auto
     data = start.load_data(run.cfg, run.tokenizer, env) if start else family.load_data(run, env)  # line; no writes
     guard.create()  # a fresh run's directory, locked; removed again if set-up fails
     if env.is_main:
         remove_stale_tmp(out)
     config = write_run_dir(run, command, env, start.record if start else None)
     session = _start_session(family, run, data, config, device, env, None if start is None else start.state_dict)
-    session.compile_auto = train_cfg.compile is None
+    session.compile_auto, session.n_params = train_cfg.compile is None, n_params
     guard.keep()
     try:
         done = _run_steps(session, progress, quiet)
@@ -158,6 +161,7 @@ class _Session:
     last_ckpt: Path | None = None
     t_loop: float = 0.0  # perf_counter when this session's loop started
     compile_auto: bool = False  # compiled or not by choose_compile's rule (the user left --compile unset)
+    n_params: int = 0  # the model's parameter count (choose_compile's input)
 
     def wall(self) -> float:
         """Training wall time so far, earlier sessions included."""
@@ -235,69 +239,122 @@ class _Done:
     win_time: float = 0.0
     session_tokens: int = 0  # optimizer steps only (no eval / probe / checkpoint time)
     session_time: float = 0.0
+    compile_s: float | None = None  # the first (compiling) step's seconds, when compiled
 
-    def add_step(self, res: StepResult, tokens: int, dt: float) -> dict[str, Any]:
+    def add_step(self, res: StepResult, loss: float, grad_norm: float | None, tokens: int, dt: float) -> dict[str, Any]:
         """Count one step's tokens and time; its train record (throughput over the current window)."""
         self.win_tokens, self.win_time = self.win_tokens + res.tokens, self.win_time + dt
         self.session_tokens, self.session_time = self.session_tokens + res.tokens, self.session_time + dt
-        self.train = {"step": res.step, "loss": res.loss, "lr": res.lr, "tokens": tokens,
+        self.train = {"step": res.step, "loss": loss, "lr": res.lr, "tokens": tokens,
                       "tokens_per_s": self.win_tokens / max(self.win_time, 1e-9)}
-        if res.grad_norm is not None:
-            self.train["grad_norm"] = res.grad_norm
+        if grad_norm is not None:
+            self.train["grad_norm"] = grad_norm
         return self.train
 
 
-def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
-    """Steps ``start + 1 .. cfg.steps``, each followed by its logging, probes, evaluation and checkpoint."""
-    from tqdm.auto import tqdm
+@dataclass
+class _Pending:
+    """A step whose loss is still on the device: its result, the run's tokens after it, its host seconds."""
 
+    res: StepResult
+    tokens: int
+    dt: float
+
+
+def _due(cfg: TrainConfig, step: int) -> dict[str, bool]:
+    """What step ``step`` owes after its update: a train line, a probe, an evaluation, a checkpoint (the last step
+    all four)."""
+    last = step == cfg.steps
+    return {"log": step % cfg.log_every == 0 or last,
+            "probe": bool(cfg.variance_every) and (step % cfg.variance_every == 0 or last),
+            "eval": bool(cfg.eval_every and step % cfg.eval_every == 0) or last,
+            "ckpt": bool(cfg.ckpt_every and step % cfg.ckpt_every == 0) or last}
+
+
+def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
+    """Steps ``start + 1 .. cfg.steps``, each followed by its logging, probes, evaluation and checkpoint.
+
+    The losses are read from the device only at steps that owe something (a train line, a probe, an evaluation, a
+    checkpoint; :func:`_due`), all pending ones at once, so the host queues the steps in between without waiting
+    (a non-finite loss has already stopped the updates on the device, see ``train_step``); ``progress`` and the bar
+    get every step's record then, in order."""
     cfg, run = s.run.cfg, s.run
-    bar = tqdm(total=cfg.steps, initial=s.start, disable=quiet or not s.env.is_main or not sys.stderr.isatty(),
-               file=sys.stderr, dynamic_ncols=True, unit="step")
-    log.log(logging.DEBUG if quiet else logging.INFO,
-            "training %s (%s, %.2fM params) for %d steps: batch %d x %d tokens, lr %g, %s train sequences; %s",
+    name, level = f"training {run.out.name}", logging.DEBUG if quiet else logging.INFO
+    log.log(level, "%s: %s (%s, %.2fM params), %d steps of batch %d x %d %s, lr %g, %s train sequences; %s", name,
             run.model_cfg.name, run.model_cfg.scheme, s.model.num_params() / 1e6, cfg.steps, cfg.batch_size,
-            cfg.seq_len, cfg.lr, len(s.data.train) or "streamed", execution_plan(cfg, s.forward.device, s.compile_auto))
+            cfg.seq_len, "tokens" if run.family == "lm" else "patches", cfg.lr, len(s.data.train) or "streamed",
+            execution_plan(cfg, s.forward.device, s.compile_auto, s.n_params))
+    log.log(level, "%s: measuring %s", name, schedule_line(cfg, run.model_cfg.n_layers))
     s.t_loop = time.perf_counter()
     s.module.train()
     if s.start == 0 and cfg.variance_every:
         s.metrics.write({"step": 0, **s.evaluator.probe(removal=True)})
-    done = _Done()
-    try:
+    done, pending = _Done(), []
+    with progress_bar(cfg.steps, name, "step", not quiet and s.env.is_main, initial=s.start) as bar:
         for step in range(s.start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             res = train_step(step, s.forward, s.model, s.optimizer, s.data.train, cfg, s.env)
-            if not math.isfinite(res.loss):
-                where = f"last good checkpoint: {s.last_ckpt}" if s.last_ckpt else "no checkpoint was written yet"
-                raise TrainingDiverged(f"loss is {res.loss} at step {step}; stopped ({where})", step, s.last_ckpt)
             s.tokens += res.tokens
-            rec = done.add_step(res, s.tokens, time.perf_counter() - t0)
-            bar.update(1)
-            bar.set_postfix(loss=f"{res.loss:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
-            _after_step(s, step, done, quiet)
+            pending.append(_Pending(res, s.tokens, time.perf_counter() - t0))
+            if done.compile_s is None and cfg.compile:
+                done.compile_s = pending[-1].dt
+                log.log(level, "compiled the training step: its first call took %.1f s (later steps reuse it)",
+                        done.compile_s)
+            due = _due(cfg, step)
+            if res.deferred and not any(due.values()):
+                continue
+            records = _settle(s, pending, done, bar)
+            pending = []
+            for rec in records[:-1]:
+                if progress is not None:
+                    progress(rec)
+            _after_step(s, step, due, done, quiet)
+            if done.eval is not None:
+                bar.postfix(**{"held-out loss": f"{done.eval.loss:.3f}"})
             if progress is not None:  # last: a callback that raises leaves a consistent run behind
-                progress({**rec, **({"eval_loss": done.eval.loss} if done.eval_step == step else {})})
-    finally:
-        bar.close()
+                progress({**records[-1], **({"eval_loss": done.eval.loss} if done.eval_step == step else {})})
+        if done.session_time:  # the last line: this session's training rate
+            bar.postfix(rate=f"{done.session_tokens / done.session_time:,.0f} {_rate_unit(run)}")
     return done
 
 
-def _after_step(s: _Session, step: int, done: _Done, quiet: bool) -> None:
-    """What is due after step ``step``: its train line, a probe, an evaluation, a checkpoint
-    (the last step gets all four)."""
+def _rate_unit(run: RunSetup) -> str:
+    return "tok/s" if run.family == "lm" else "img/s"
+
+
+def _settle(s: _Session, pending: list[_Pending], done: _Done, bar: Any) -> list[dict[str, Any]]:
+    """Read the pending steps' losses (one host sync) and count them, in order; TrainingDiverged at the first
+    non-finite one (its update, and every later one, never landed). Returns their train records."""
+    t0 = time.perf_counter()
+    values = read_results([p.res for p in pending])
+    pending[-1].dt += time.perf_counter() - t0  # the wait for the device belongs to the steps it ran
+    records = []
+    for p, (loss, grad_norm) in zip(pending, values):
+        if not math.isfinite(loss):
+            where = f"last good checkpoint: {s.last_ckpt}" if s.last_ckpt else "no checkpoint was written yet"
+            raise TrainingDiverged(f"loss is {loss} at step {p.res.step}; stopped ({where})", p.res.step, s.last_ckpt)
+        rec = done.add_step(p.res, loss, grad_norm, p.tokens, p.dt)
+        records.append(rec)
+    bar.postfix(loss=f"{records[-1]['loss']:.3f}", rate=f"{records[-1]['tokens_per_s']:,.0f} {_rate_unit(s.run)}")
+    bar.update(len(records))
+    return records
+
+
+def _after_step(s: _Session, step: int, due: dict[str, bool], done: _Done, quiet: bool) -> None:
+    """What ``due`` says step ``step`` owes: its train line, a probe, an evaluation, a checkpoint."""
     cfg, last = s.run.cfg, step == s.run.cfg.steps
-    if step % cfg.log_every == 0 or last:
+    if due["log"]:
         s.metrics.write(done.train)
         done.win_tokens, done.win_time = 0, 0.0
-    if cfg.variance_every and (step % cfg.variance_every == 0 or last):
+    if due["probe"]:
         nth = step // cfg.variance_every  # the removal sweep (L partial forwards) every removal_every-th probe
         done.probe = s.evaluator.probe(removal=last or (cfg.removal_every > 0 and nth % cfg.removal_every == 0))
         s.metrics.write({"step": step, **done.probe})
-    if (cfg.eval_every and step % cfg.eval_every == 0) or last:
+    if due["eval"]:
         done.eval, done.eval_step = s.evaluator.evaluate(), step
         s.metrics.write(done.eval.record(step))
-        log.log(logging.DEBUG if quiet else logging.INFO, "step %d: %s", step, done.eval.describe())
-    if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or last:
+        log.log(logging.DEBUG if quiet else logging.INFO, "%s step %d: %s", s.run.out.name, step, done.eval.describe())
+    if due["ckpt"]:
         s.last_ckpt = _checkpoint(s, step)
 
 
@@ -312,5 +369,5 @@ def _summary(s: _Session, done: _Done, t_start: float) -> dict[str, Any]:
         **ev.summary(), "layer_variance": probe["layer_variance"],
         "tokens": s.tokens, "wall_s": wall, "tokens_per_s": s.tokens / max(wall, 1e-9),
         "step_tokens_per_s": done.session_tokens / done.session_time if done.session_time else None,
-        "setup_s": time.perf_counter() - t_start - (wall - s.wall_before),
+        "setup_s": time.perf_counter() - t_start - (wall - s.wall_before), "compile_s": done.compile_s,
     }

@@ -56,6 +56,12 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
     return cls(param_groups(model, rules), **kwargs)
 
 
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` can skip an update on the device (torch's fused Adam(W) reads ``found_inf``, as
+    GradScaler sets it), so the trainer need not read each loss before stepping."""
+    return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and bool(optimizer.defaults.get("fused"))
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate of optimizer step ``step`` (0-based): linear warm-up to ``lr`` over the warm-up
     steps, then cosine from ``lr`` down to ``lr * min_lr_ratio`` at the last step."""

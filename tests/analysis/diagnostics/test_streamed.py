@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from streaming_models import KINDS, hf_dir, save_hf, tiny_hf
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose, load_target
 from depthlab.analysis.diagnostics.streamed import CPU_ROWS_PER_CALL, Sweeper, SweepSettings
 from depthlab.analysis.diagnostics.streamed_runner import diagnose_streamed, state_dir
+from depthlab.base.precision import default_compute_dtype
 from depthlab.cli import main
 from depthlab.targets.layerwise import open_layerwise
 
@@ -55,11 +57,16 @@ def _both(path: Path, **kw) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_streamed_equals_in_memory_on_hf_families(tmp_path, kind):
+def test_streamed_equals_in_memory_on_hf_families(tmp_path, kind, caplog):
+    caplog.set_level(logging.INFO, logger="depthlab")
     mem, streamed = _both(hf_dir(tmp_path, kind, 4), joint_check=kind == "llama-lns")  # one joint check is enough
     assert_same(mem, streamed)
-    assert set(streamed) - set(mem) == {"engine"} and streamed["engine"]["name"] == "streamed"
+    assert set(streamed) == set(mem) and streamed["engine"]["name"] == "streamed" and mem["engine"]["name"] == "in-memory"
     assert streamed["model"] == mem["model"]  # the report says the same of the model
+    said = [r.getMessage() for r in caplog.records]
+    assert not any(l.startswith("joint-") for l in said)  # no progress lines per joint sweep, one line per set
+    evaluated = streamed["removal"]["removable"].get("evaluated", {})
+    assert sum(l.startswith("removable blocks, joint check:") for l in said) == len(evaluated) - ("0" in evaluated)
 
 
 def _run(tmp_path: Path, scheme: str = "lns") -> Path:
@@ -95,9 +102,7 @@ def test_bf16_weights_are_computed_in_fp32_one_layer_at_a_time(tmp_path):
     with torch.no_grad():
         for p in target.model.parameters():
             p.copy_(p.bfloat16().float())
-    from depthlab.analysis.diagnostics.streamed_runner import compute_dtype
-
-    streamed = open_layerwise(str(path), "cpu", torch.bfloat16, compute_dtype(torch.device("cpu"), torch.bfloat16))
+    streamed = open_layerwise(str(path), "cpu", torch.bfloat16, default_compute_dtype(torch.device("cpu"), torch.bfloat16))
     rep = diagnose_streamed(streamed, opts)
     assert rep["engine"]["compute_dtype"] == "float32" and rep["model"]["dtype"] == "bfloat16"
     assert_same(diagnose(target, opts), rep)
@@ -107,7 +112,6 @@ def test_bf16_in_memory_on_a_cpu_keeps_bf16_weights_and_gives_the_streamed_numbe
     """load_target(dtype=bf16) on a CPU: every weight stays bf16 (no fp32 copy of the model survives a forward),
     each linear layer computes in fp32, so diagnose gives the streamed bf16 engine's numbers and the logits of the
     fp32 model holding the same bf16-rounded weights; plain bf16 arithmetic would differ by bf16 rounding."""
-    from depthlab.analysis.diagnostics.streamed_runner import compute_dtype
     from depthlab.prune.export import lm_logits
 
     path = hf_dir(tmp_path, "llama", 3)
@@ -125,7 +129,7 @@ def test_bf16_in_memory_on_a_cpu_keeps_bf16_weights_and_gives_the_streamed_numbe
     with torch.no_grad():
         plain = lm_logits(copy.deepcopy(rounded.model).to(torch.bfloat16), ids)  # bf16 arithmetic, no hooks
     assert float((plain.float() - want).abs().max()) > 100 * TOL
-    streamed = open_layerwise(str(path), "cpu", torch.bfloat16, compute_dtype(torch.device("cpu"), torch.bfloat16))
+    streamed = open_layerwise(str(path), "cpu", torch.bfloat16, default_compute_dtype(torch.device("cpu"), torch.bfloat16))
     assert_same(diagnose(bf16, opts), diagnose_streamed(streamed, opts))
 
 
@@ -209,10 +213,10 @@ def test_a_sweep_killed_mid_way_resumes_after_the_last_saved_layer(tmp_path):
 
 
 def test_diagnose_streams_by_itself_when_the_model_does_not_fit(tmp_path, monkeypatch, capsys):
-    import depthlab.analysis.diagnostics.streamed_runner as runner
+    import depthlab.targets.engine as engine
 
     path = hf_dir(tmp_path, "llama", 3)
-    monkeypatch.setattr(runner, "available_memory", lambda device: 100_000)  # the model needs ~0.2 MB
+    monkeypatch.setattr(engine, "available_memory", lambda device: 100_000)  # the model needs ~0.2 MB
     assert main(["diagnose", str(path), "--out", str(tmp_path / "o"), "--tokens", "64", "--seq-len", "32",
                  "--no-progress", "--no-joint-check"]) == 0
     plan = capsys.readouterr().out.splitlines()[0]
@@ -221,13 +225,6 @@ def test_diagnose_streams_by_itself_when_the_model_does_not_fit(tmp_path, monkey
     rep = json.loads((tmp_path / "o" / "report.json").read_text())
     assert rep["engine"]["name"] == "streamed" and "jacobian" not in rep and rep["options"]["stream"] is None
     assert "streamed, one layer at a time" in (tmp_path / "o" / "report.html").read_text()
-    cpu = torch.device("cpu")
-    forced = runner.plan_engine(str(path), cpu, torch.float32, False)
-    assert not forced.streamed and forced.line.startswith("in memory (--no-stream; the model needs")
-    monkeypatch.setattr(runner, "available_memory", lambda device: 1 << 40)
-    assert not runner.plan_engine(str(path), cpu, torch.float32, None).streamed
-    assert runner.plan_engine(str(path), cpu, torch.float32, True).streamed
-    assert not runner.plan_engine("smollm2", cpu, torch.float32, None).streamed  # a GGUF: in memory, the only way
 
 
 def _exit_2(argv, capsys, needle):

@@ -20,8 +20,8 @@ def test_scheme_spec_parses_labels_and_safe_names():
     assert (spec.label, spec.dirname) == ("lns:position=after-branch", "lns-position-after-branch")
     assert parse_scheme_spec("lns:lns_position=after-norm").label == "lns"  # alias; a default is the plain scheme
     assert parse_scheme_spec("mix:alpha=0.5").options == {"alpha": 0.5}
-    assert run_name("lns:position=after-branch", 0) == "lns:position=after-branch-seed0"
-    assert run_dirname("lns:position=after-branch", 1) == "lns-position-after-branch-seed1"
+    assert run_name(spec, 0) == "lns:position=after-branch-seed0"  # compare's names come from the parsed spec
+    assert run_dirname(spec, 1) == "lns-position-after-branch-seed1"
     for bad, words in (("lns:bogus=1", ["'bogus'", "position"]), ("lns:position=middle", ["'middle'", "after-branch"]),
                        ("pre:x=1", ["'x'", "none"]), ("nope", ["unknown scheme"]), ("lns:position", ["key=value"])):
         with pytest.raises(DepthlabError) as err:

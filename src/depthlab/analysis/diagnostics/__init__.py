@@ -6,8 +6,11 @@ layerwise variance, block Jacobians; ``depthlab diagnose`` and its report.
     report = diagnose(target, DiagnoseOptions(tokens=8192))
     write_report(report, "reports/smollm2")
 
-Models larger than memory: ``diagnose_streamed(open_layerwise(path), opts)`` reads one layer at a time
-(:mod:`~depthlab.analysis.diagnostics.streamed`, :mod:`~depthlab.analysis.diagnostics.streamed_runner`; ``plan_engine`` decides).
+Models larger than memory: ``diagnose(load_target(path, stream=None), opts)`` reads one layer at a time when the
+model would not fit (``stream=True`` always; ``depthlab.targets.engine.plan_engine`` decides, the report's ``engine``
+says which ran and why): :mod:`~depthlab.analysis.diagnostics.engines` dispatches on the target it is given, to
+:mod:`~depthlab.analysis.diagnostics.runner` (in memory) or :mod:`~depthlab.analysis.diagnostics.streamed_runner`
+(the layer-streamed engine, :mod:`~depthlab.analysis.diagnostics.streamed`).
 
 Lower level: :class:`ResidualCapture` (hooks reading the residual stream, replay for removal),
 :class:`AngularAccumulator`, :class:`VarianceAccumulator`, :class:`RemovalAccumulator`, :class:`MCAccumulator`,
@@ -31,6 +34,7 @@ __all__ = [
     "block_jacobian",
     "block_jacobians",
     "diagnose",
+    "diagnose_in_memory",
     "diagnose_streamed",
     "find_layers",
     "joint_removal_loss",
@@ -52,9 +56,12 @@ __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("MCAccumulator", "MCItem", "load_mc"), "depthlab.analysis.diagnostics.mc"),
     **dict.fromkeys(("RemovalAccumulator", "joint_removal_loss", "nll_sum"), "depthlab.analysis.diagnostics.removal"),
     **dict.fromkeys(("render_html", "write_report"), "depthlab.analysis.diagnostics.report"),
-    **dict.fromkeys(("DiagnoseOptions", "diagnose"), "depthlab.analysis.diagnostics.runner"),
+    "DiagnoseOptions": "depthlab.analysis.diagnostics.options",
+    "diagnose": "depthlab.analysis.diagnostics.engines",
+    "diagnose_in_memory": "depthlab.analysis.diagnostics.runner",
     **dict.fromkeys(("removable_blocks", "summary_sentence"), "depthlab.analysis.diagnostics.summary"),
-    **dict.fromkeys(("diagnose_streamed", "plan_engine"), "depthlab.analysis.diagnostics.streamed_runner"),
+    "diagnose_streamed": "depthlab.analysis.diagnostics.streamed_runner",
+    "plan_engine": "depthlab.targets.engine",
     "VarianceAccumulator": "depthlab.analysis.diagnostics.variance",
     **dict.fromkeys(("SHORT_NAMES", "Target", "load_target"), "depthlab.targets"),
 })

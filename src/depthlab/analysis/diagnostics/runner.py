@@ -1,8 +1,9 @@
-"""Run every diagnostic on a :class:`~depthlab.targets.Target` in one streaming pass.
+"""The in-memory engine of ``diagnose``: every diagnostic of a loaded :class:`~depthlab.targets.Target` in one
+pass over the held-out batches.
 
     target = load_target("smollm2")
-    report = diagnose(target, DiagnoseOptions(data="builtin", tokens=16384))
-    write_report(report, "reports/smollm2")          # report.json, PNGs, report.html
+    report = diagnose_in_memory(target, DiagnoseOptions(data="builtin", tokens=16384))
+    # diagnose(target, ...) (depthlab.analysis.diagnostics.engines) runs this, or the layer-streamed engine
 
 Per batch: one captured forward (all residual states), the angular / variance accumulators, and —
 for causal LMs — the removal sweep replaying the cached states. Memory depends on the batch, never
@@ -30,7 +31,7 @@ from depthlab.analysis.diagnostics.summary import removable_blocks, summary_sent
 from depthlab.analysis.diagnostics.variance import VarianceAccumulator
 from depthlab.base.errors import DepthlabError
 from depthlab.base.metrics import perplexity
-from depthlab.base.progress import progress
+from depthlab.base.progress import logs_to_stderr, progress
 from depthlab.targets.target import Target
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,10 @@ class TextBatches:
         return self.inner.short
 
 
-def diagnose(target: Target, opts: DiagnoseOptions | None = None, command: str | None = None) -> dict[str, Any]:
-    """All diagnostics of ``target``; returns the report dict (plain numbers, JSON-ready, plus the
+@logs_to_stderr
+def diagnose_in_memory(target: Target, opts: DiagnoseOptions | None = None, command: str | None = None
+                       ) -> dict[str, Any]:
+    """All diagnostics of ``target``, loaded in memory; returns the report dict (plain numbers, JSON-ready, plus the
     Jacobian matrices under the private key ``_matrices``)."""
     opts = opts or DiagnoseOptions()
     t0 = time.time()

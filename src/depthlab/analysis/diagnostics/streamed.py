@@ -43,11 +43,10 @@ import torch
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish, write_json_atomic
 from depthlab.base.progress import progress
+from depthlab.targets.engine import MEMORY_FRACTION, available_memory, gib
 
 log = logging.getLogger(__name__)
 
-#: Fraction of the free memory the streams, one layer and its activations may take.
-MEMORY_FRACTION = 0.7
 #: Activations of one layer call: at most this many bytes (and this fraction of the free memory).
 ACTIVATION_BYTES, ACTIVATION_FRACTION = 2 << 30, 0.1
 #: Token rows per layer call on a CPU. Calls of tens of thousands of rows run their element-wise work out of
@@ -109,29 +108,6 @@ class SweepStats:
     resumed: list[dict[str, int]] = field(default_factory=list)  # {"pass", "group", "layer"} continued after
     seconds: float = 0.0
     stream_bytes: int = 0  # the largest group's streams + kept states
-
-
-# ---------------------------------------------------------------------------------------------- memory
-def available_memory(device: torch.device) -> int | None:
-    """Free memory of ``device`` in bytes (CPU: MemAvailable), or None when unknown."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        return None
-
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
 
 # ---------------------------------------------------------------------------------------------- state
@@ -315,8 +291,10 @@ class Sweeper:
     # ------------------------------------------------------------------ the sweep
     @torch.no_grad()
     def sweep(self, name: str, batches: Sequence[SweepBatch], streams: Sequence[Stream], keep_states: bool,
-              consumer: Consumer) -> None:
-        """Every stream over every batch, layer by layer; results to ``consumer`` (see the module docstring)."""
+              consumer: Consumer, show: bool = True) -> None:
+        """Every stream over every batch, layer by layer; results to ``consumer`` (see the module docstring).
+        ``show``: its own progress (bar or ETA lines, as the settings say); a caller that reports a series of
+        short sweeps in its own words passes False."""
         L = self.source.n_layers
         layout = _Layout.of(streams, L)
         self._rows = self._budget()[1]
@@ -337,7 +315,7 @@ class Sweeper:
             consumer.load_state_dict(last[1])
             first = last[0] + 1
         desc = f"{name}: {L} layers, {len(streams)} stream" + ("s" if len(streams) > 1 else "")
-        with progress(self._units(layout, batches, groups[first:]), desc, "block", self.settings.progress) as bar:
+        with progress(self._units(layout, batches, groups[first:]), desc, "block", self.settings.progress and show) as bar:
             for g in range(first, len(groups)):
                 self._group(name, g, [batches[i] for i in groups[g]], groups[g].start, layout, keep_states, consumer,
                             state, bar)

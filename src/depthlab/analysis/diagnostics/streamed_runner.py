@@ -1,8 +1,8 @@
-"""``diagnose`` on a model read one layer at a time, and the choice between the two engines.
+"""``diagnose`` on a model read one layer at a time.
 
-    plan = plan_engine("path/to/hf-dir", device, dtype, stream=None)    # streams when it would not fit
-    target = open_layerwise("path/to/hf-dir", device, dtype, compute_dtype(device, dtype))
+    target = load_target("path/to/hf-dir", dtype=torch.bfloat16, stream=True)   # depthlab.targets: the engine's choice
     report = diagnose_streamed(target, DiagnoseOptions(tokens=256), out=Path("reports/x"))
+    # or diagnose(target, ...), which runs the engine of the target it is given
 
 The report has the in-memory engine's shape (``depthlab.analysis.diagnostics.runner``; the same accumulators fill
 it, the same functions write it) plus ``engine``: which engine ran, why, and what it read. One sweep
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,70 +25,25 @@ from depthlab.analysis.diagnostics.mc import MCAccumulator, load_mc
 from depthlab.analysis.diagnostics.options import DiagnoseOptions
 from depthlab.analysis.diagnostics.removal import RemovalAccumulator, nll_sum
 from depthlab.analysis.diagnostics.runner import TextBatches, _stream_report, _Streamed
-from depthlab.analysis.diagnostics.streamed import (
-    MEMORY_FRACTION,
-    Stream,
-    SweepBatch,
-    Sweeper,
-    SweepSettings,
-    available_memory,
-    clear_state,
-    gib,
-    removal_streams,
-)
+from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, SweepSettings, clear_state, removal_streams
 from depthlab.analysis.diagnostics.summary import removable_blocks, summary_sentence
 from depthlab.analysis.diagnostics.variance import VarianceAccumulator
 from depthlab.base.errors import DepthlabError
-from depthlab.targets.layerwise import StreamTarget, locate, stored_bytes
+from depthlab.base.progress import duration, logs_to_stderr
+from depthlab.targets.engine import engine_record as target_engine
+from depthlab.targets.layerwise import StreamTarget
 
 log = logging.getLogger(__name__)
+
 
 def state_dir(out: str | Path) -> Path:
     """Where a streamed sweep writing to ``out`` keeps its resume state: a hidden sibling of ``out``
     (``out`` itself appears only once the report is complete)."""
     out = Path(out)
     return out.parent / f".{out.name}.stream-state"
-#: Weights in bf16 are computed in fp32 on a CPU, one layer upcast at a time: on this project's 2-core AMD EPYC
-#: (AVX2, no AVX512-BF16), one Llama-3-8B-shaped decoder layer on 256 tokens takes 28.4 s in bf16 and 10.1 s
-#: upcast to fp32, the upcast included (benchmarks/results/streamed_bf16_vs_fp32_cpu.json). On a GPU, bf16 stays bf16.
-CPU_COMPUTE_DTYPE = torch.float32
+
+
 JACOBIAN_NOTE = "not computed: block Jacobians need the model in memory (run with --no-stream)"
-
-
-def compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    """The dtype each streamed layer computes in: the weights' on a GPU, fp32 for bf16 weights on a CPU."""
-    return CPU_COMPUTE_DTYPE if device.type == "cpu" and dtype == torch.bfloat16 else dtype
-
-
-# ---------------------------------------------------------------------------------------------- the plan
-@dataclass(frozen=True)
-class EnginePlan:
-    streamed: bool
-    line: str  # which engine and why, for the one-line plan
-    model_bytes: int | None = None  # the whole model in the asked dtype
-    free_bytes: int | None = None  # free memory of the device
-
-
-def plan_engine(name: str, device: torch.device, dtype: torch.dtype, stream: bool | None) -> EnginePlan:
-    """Stream when ``stream`` says so, or (None) when the model would not fit the device's free memory.
-    Raises when streaming is asked for a target that cannot stream."""
-    found = locate(name)
-    if isinstance(found, str):
-        if stream:
-            raise DepthlabError(f"--stream: cannot stream {name!r}: {found}")
-        return EnginePlan(False, "in memory" + (" (--no-stream)" if stream is False else ""))
-    need, free = stored_bytes(found, dtype), available_memory(device)
-    size = f"the model needs {gib(need)} in {str(dtype).replace('torch.', '')}" + (
-        f", {gib(free)} of {device.type} memory is free" if free is not None else "")
-    if stream is None:
-        stream = free is not None and need > MEMORY_FRACTION * free
-        why = size
-    else:
-        why = f"{'--stream' if stream else '--no-stream'}; {size}"
-    if not stream:
-        return EnginePlan(False, f"in memory ({why})", need, free)
-    return EnginePlan(True, f"streamed, one layer at a time ({why}); block Jacobians are in-memory only: off",
-                      need, free)
 
 
 # ---------------------------------------------------------------------------------------------- consumers
@@ -176,16 +130,21 @@ def text_batches(target: StreamTarget, opts: DiagnoseOptions) -> tuple[TextBatch
 
 
 def joint_loss(sweeper: Sweeper, text: list[SweepBatch], skip: list[int]) -> float:
-    """Held-out loss with the blocks ``skip`` removed together: one sweep."""
+    """Held-out loss with the blocks ``skip`` removed together: one sweep, one log line."""
     consumer = LossConsumer(1)
+    t0 = time.perf_counter()
     sweeper.sweep("joint-" + "-".join(map(str, sorted(skip))), text, [Stream("joint", frozenset(skip))], False,
-                  consumer)
+                  consumer, show=False)
+    blocks = sorted(skip)
+    shown = ", ".join(map(str, blocks[:6])) + (f", … ({len(blocks)} in all)" if len(blocks) > 6 else "")
+    log.info("removable blocks, joint check: %d removed together (%s): loss %.4f, %s", len(blocks), shown,
+             consumer.loss(0), duration(time.perf_counter() - t0))
     return consumer.loss(0)
 
 
+@logs_to_stderr
 def diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions | None = None, command: str | None = None,
-                      out: Path | None = None, settings: SweepSettings | None = None,
-                      plan: EnginePlan | None = None) -> dict[str, Any]:
+                      out: Path | None = None, settings: SweepSettings | None = None) -> dict[str, Any]:
     """What :func:`~depthlab.analysis.diagnostics.diagnose` reports (Jacobians excepted), the model read one layer at
     a time. ``out``: the report directory; the resume state lives beside it (:func:`state_dir`) while the sweep
     runs."""
@@ -212,7 +171,7 @@ def diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions | None = None,
         joint = (lambda skip: joint_loss(sweeper, text, skip)) if opts.joint_check else None
         report["removal"]["removable"] = removable_blocks(report["removal"], opts.loss_budget, joint)
     report["summary"] = summary_sentence(report, opts.identity_threshold, opts.loss_budget)
-    report["engine"] = engine_record(sweeper, plan)
+    report["engine"] = engine_record(sweeper, target)
     report["seconds"] = round(time.time() - t0, 2)
     return report
 
@@ -226,11 +185,10 @@ def _mc_batches(target: StreamTarget, opts: DiagnoseOptions, L: int) -> tuple[MC
                 for chunk, ids in mc.batches(tok.encode, opts.batch_size, tok.pad_id, target.max_seq_len, tok.eos_id)]
 
 
-def engine_record(sweeper: Sweeper, plan: EnginePlan | None) -> dict[str, Any]:
+def engine_record(sweeper: Sweeper, target: StreamTarget) -> dict[str, Any]:
     """``report["engine"]``: which engine ran, why, and what it read and held."""
     src, st = sweeper.source, sweeper.stats
-    return {"name": "streamed", "line": plan.line if plan is not None else "streamed, one layer at a time",
-            "compute_dtype": str(src.compute_dtype).replace("torch.", ""),
+    return {**target_engine(target), "compute_dtype": str(src.compute_dtype).replace("torch.", ""),
             "weight_passes": st.weight_passes, "sweeps": st.passes, "layers_computed": st.layers_computed,
             "block_evals": st.block_evals, "token_evals": st.token_evals, "head_tokens": st.head_tokens,
             "bytes_read": src.store.meter.bytes_read,

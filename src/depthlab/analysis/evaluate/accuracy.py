@@ -9,16 +9,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from depthlab.analysis.evaluate.options import SCORINGS
 from depthlab.analysis.evaluate.scoring import score_generate, score_loglik
 from depthlab.base.errors import DepthlabError, choices, first_line
 from depthlab.base.extras import needs
+from depthlab.base.progress import logs_to_stderr
 from depthlab.base.provenance import versions
 from depthlab.data.builtin_tasks import BUILTIN_TASKS, builtin_task
 from depthlab.data.tasks import Task, load_task_file, parse_rows
 
 log = logging.getLogger(__name__)
 
-SCORINGS = ("loglik", "generate")
 TASK_FORMS = "a .jsonl file, " + ", ".join(BUILTIN_TASKS) + " or hf:NAME[:CONFIG[:SPLIT]]"
 
 
@@ -95,6 +96,7 @@ def _max_length(target: Any) -> int:
     return int(target.max_seq_len or 2048)
 
 
+@logs_to_stderr
 def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path | None = None,
              limit: int | None = None, batch_size: int = 8, scoring: str = "loglik", template: str = "alpaca",
              max_new_tokens: int = 32, progress: bool = True, command: str | None = None) -> dict[str, dict[str, Any]]:
@@ -109,10 +111,10 @@ def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path 
         raise DepthlabError(f"--batch-size must be positive, got {batch_size}")
     tmpl = get_template(template)
     task_list = load_tasks(tasks, limit)
-    if not hasattr(target, "forward_fn"):
-        from depthlab.targets import load_target
+    from depthlab.targets.load import target_for
 
-        target = load_target(str(target))
+    target = target_for(target, stream=False)  # a path is loaded; a target read layer by layer is refused: scoring
+    # runs the whole model on each batch
     codec, fn, max_len = _Codec(target), target.forward_fn(), _max_length(target)
     results: dict[str, dict[str, Any]] = {}
     generations: dict[str, list[dict[str, Any]]] = {}

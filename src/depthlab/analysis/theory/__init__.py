@@ -4,6 +4,7 @@
                     products of Theorems 3.3 / 4.2, power-law / exponential growth fits (no model)
     empirical.py    random-init pre and lns models: residual variance and ‖∂y_l/∂x_1‖ at every depth
     study.py        run_theory: both, written to theory.json + theory.png; summary_lines for the CLI
+    options.py      TheoryOptions, RecursionParams, EmpiricalSetup: plain data (the CLI derives its flags from them)
 """
 
 from depthlab.base.lazy import lazy_exports
@@ -12,6 +13,7 @@ __all__ = [
     "MAX_EMPIRICAL_DEPTH",
     "EmpiricalSetup",
     "RecursionParams",
+    "TheoryOptions",
     "fit_exponential",
     "fit_power_law",
     "gradient_bound",
@@ -29,11 +31,11 @@ __all__ = [
 ]
 
 __getattr__ = lazy_exports(__name__, {
+    **dict.fromkeys(("jacobian_rms_gains", "measure_empirical", "measure_scheme"), "depthlab.analysis.theory.empirical"),
+    **dict.fromkeys(("MAX_EMPIRICAL_DEPTH", "EmpiricalSetup", "RecursionParams", "TheoryOptions"),
+                    "depthlab.analysis.theory.options"),
     **dict.fromkeys((
-        "MAX_EMPIRICAL_DEPTH", "EmpiricalSetup", "jacobian_rms_gains", "measure_empirical", "measure_scheme"),
-        "depthlab.analysis.theory.empirical"),
-    **dict.fromkeys((
-        "RecursionParams", "fit_exponential", "fit_power_law", "gradient_bound", "growth_fits", "lns_variance",
+        "fit_exponential", "fit_power_law", "gradient_bound", "growth_fits", "lns_variance",
         "paper_constants", "pre_ln_variance", "recursion_report", "upper_bound_log10"), "depthlab.analysis.theory.recursions"),
     **dict.fromkeys(("run_theory", "summary_lines"), "depthlab.analysis.theory.study"),
 })

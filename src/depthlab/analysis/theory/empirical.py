@@ -20,62 +20,19 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import torch
 
-from depthlab.analysis.theory.recursions import check_int, check_pos, growth_fits
-from depthlab.base.errors import DepthlabError
+from depthlab.analysis.theory.options import EmpiricalSetup
+from depthlab.analysis.theory.recursions import growth_fits
 from depthlab.base.metrics import element_variance
-from depthlab.models.config import ModelConfig
-from depthlab.models.configure import from_preset
+from depthlab.base.progress import progress
 from depthlab.models.decoder import DecoderLM, build_model
 
 log = logging.getLogger(__name__)
-
-MAX_EMPIRICAL_DEPTH = 4096  # beyond this a CPU run takes far too long to be useful
-
-
-@dataclass
-class EmpiricalSetup:
-    depth: int = 256  # blocks of the deep model (every depth 1..depth is measured)
-    d_model: int = 64  # width; narrow so hundreds of layers run in seconds on a CPU
-    n_heads: int = 4
-    d_ff: int | None = None  # None = the tiny preset's ratio 2.75·d_model, rounded to a multiple of 8
-    seq_len: int = 64
-    batch_size: int = 2
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    init_std: float = 0.02  # the paper's init; larger values exaggerate the branches (see module doc)
-    n_jacobian_depths: int = 12  # geometric grid of probed depths for ‖∂y_l/∂x_1‖
-
-    def validate(self) -> None:
-        check_int("empirical depth", self.depth, 2, MAX_EMPIRICAL_DEPTH)
-        for name in ("d_model", "n_heads", "seq_len", "batch_size", "n_jacobian_depths"):
-            check_int(name, getattr(self, name), 1)
-        if self.d_ff is not None:
-            check_int("d_ff", self.d_ff, 1)
-        if not self.seeds:
-            raise DepthlabError("seeds must list at least one seed, got none")
-        check_pos("init_std", self.init_std)
-        self.config("pre")  # shape errors (width vs heads, ...) surface now, as ConfigError
-
-    def config(self, scheme: str) -> ModelConfig:
-        """The tiny preset narrowed/deepened to this setup."""
-        return from_preset(
-            "tiny", scheme=scheme, n_layers=self.depth, d_model=self.d_model, n_heads=self.n_heads,
-            d_ff=self.ffn, max_seq_len=self.seq_len, init_std=self.init_std,
-        )
-
-    @property
-    def ffn(self) -> int:
-        return self.d_ff if self.d_ff is not None else max(8, 8 * round(2.75 * self.d_model / 8))
-
-    def probe_depths(self) -> list[int]:
-        grid = np.geomspace(1, self.depth, self.n_jacobian_depths)
-        return sorted({int(round(v)) for v in grid} | {self.depth})
-
 
 def _model(scheme: str, setup: EmpiricalSetup, seed: int) -> DecoderLM:
     torch.manual_seed(seed)
@@ -134,25 +91,37 @@ def measure_empirical(setup: EmpiricalSetup | None = None, schemes: Sequence[str
     probes = setup.probe_depths()
     layers = np.arange(1, setup.depth + 1)
     report: dict[str, Any] = {"setup": asdict(setup), "d_ff": setup.ffn, "jacobian_depths": probes, "schemes": {}}
-    for scheme in schemes:
-        runs = []
-        for seed in setup.seeds:
-            log.info("theory: measuring %s, %d layers, width %d, seed %d", scheme, setup.depth, setup.d_model, seed)
-            runs.append(measure_scheme(scheme, setup, seed))
-        var = np.mean([r["variance"] for r in runs], axis=0)
-        # RMS over seeds of the RMS gain: keeps it an estimate of sqrt(‖J‖_F² / n)
-        gain = np.sqrt(np.mean([np.square(r["jacobian_gain"]) for r in runs], axis=0))
-        excess = var[1:] - var[0]  # variance added by the blocks on top of the embedding's
-        report["schemes"][scheme] = {
-            "variance": var.tolist(),
-            "variance_per_seed": [r["variance"] for r in runs],
-            "jacobian_gain": gain.tolist(),
-            "jacobian_gain_per_seed": [r["jacobian_gain"] for r in runs],
-            "fits": {
-                "variance": growth_fits(layers, var[1:]),
-                "excess_variance": growth_fits(layers, excess) if np.all(excess > 0) else None,
-                "jacobian_gain": growth_fits(probes, gain),
-            },
-            "variance_ratio_last_to_embedding": float(var[-1] / var[0]),
-        }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # width-64 ops: one thread is 4-5x faster than two on this project's CPU
+    try:
+        with progress(len(schemes) * len(setup.seeds), f"theory: random-init models of {setup.depth} blocks, width "
+                      f"{setup.d_model}", "model") as bar:
+            for scheme in schemes:
+                runs = []
+                for seed in setup.seeds:
+                    runs.append(measure_scheme(scheme, setup, seed))
+                    bar.update(1)
+                report["schemes"][scheme] = _scheme_record(runs, layers, probes)
+    finally:
+        torch.set_num_threads(threads)
     return report
+
+
+def _scheme_record(runs: list[dict[str, list[float]]], layers: np.ndarray, probes: list[int]) -> dict[str, Any]:
+    """One scheme's seed-averaged variance and Jacobian gain, with their growth fits."""
+    var = np.mean([r["variance"] for r in runs], axis=0)
+    # RMS over seeds of the RMS gain: keeps it an estimate of sqrt(‖J‖_F² / n)
+    gain = np.sqrt(np.mean([np.square(r["jacobian_gain"]) for r in runs], axis=0))
+    excess = var[1:] - var[0]  # variance added by the blocks on top of the embedding's
+    return {
+        "variance": var.tolist(),
+        "variance_per_seed": [r["variance"] for r in runs],
+        "jacobian_gain": gain.tolist(),
+        "jacobian_gain_per_seed": [r["jacobian_gain"] for r in runs],
+        "fits": {
+            "variance": growth_fits(layers, var[1:]),
+            "excess_variance": growth_fits(layers, excess) if np.all(excess > 0) else None,
+            "jacobian_gain": growth_fits(probes, gain),
+        },
+        "variance_ratio_last_to_embedding": float(var[-1] / var[0]),
+    }

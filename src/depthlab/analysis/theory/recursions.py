@@ -36,30 +36,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
+from depthlab.analysis.theory.options import RecursionParams, check_int, check_pos
 from depthlab.base.errors import DepthlabError
-
-
-# ====================================================================================== checks
-def check_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
-    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= lo
-    if ok and hi is not None:
-        ok = value <= hi
-    if not ok:
-        rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise DepthlabError(f"{name} must be an integer {rng}, got {value!r}")
-    return int(value)
-
-
-def check_pos(name: str, value: float, allow_zero: bool = False) -> float:
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        rng = ">= 0" if allow_zero else "> 0"
-        raise DepthlabError(f"{name} must be a finite number {rng}, got {value!r}")
-    return float(value)
 
 
 # ====================================================================================== recursions
@@ -158,14 +141,6 @@ def growth_fits(x: Sequence[float], y: Sequence[float]) -> dict[str, dict[str, f
 
 
 # ====================================================================================== report
-@dataclass
-class RecursionParams:
-    c: float = 1.0  # branch constant of the Θ(1 + c/σ) factor (paper: numerator set to 1)
-    sigma1_sq: float = 1.0  # σ²_1, variance of block 1's input (only c/σ_1 matters)
-    A: float = 1.0  # Theorem 3.3/4.2 first-order constant
-    B: float = 1.0  # Theorem 3.3/4.2 second-order constant
-
-
 def recursion_report(depth: int, params: RecursionParams | None = None) -> dict[str, Any]:
     """Iterate both recursions and both gradient bounds to ``depth``; fit their growth."""
     p = params or RecursionParams()

@@ -185,11 +185,11 @@ def _run_of(path: Path) -> Path:
     return path.parent if path.name == CKPT_DIR else path
 
 
-def load_intact(path: str | Path, with_optimizer: bool = True) -> tuple[Path, dict[str, Any]]:
+def load_intact(path: str | Path, with_optimizer: bool = True, with_model: bool = True) -> tuple[Path, dict[str, Any]]:
     """``(checkpoint, read_checkpoint(checkpoint))`` of the newest intact checkpoint ``path`` names:
     a checkpoint directory must itself be intact; in a run directory a damaged checkpoint (checksum,
     unreadable file) is named in a warning and the next older one is used. Raises DepthlabError when
-    none is intact."""
+    none is intact. ``with_model=False``: the weights are checksummed but not read (``meta`` and the rest are)."""
     path = Path(path)
     if not path.exists():
         raise DepthlabError(f"{str(path)!r} does not exist")
@@ -201,7 +201,7 @@ def load_intact(path: str | Path, with_optimizer: bool = True) -> tuple[Path, di
         why = damage(ckpt)
         if why is None:
             try:
-                return ckpt, read_checkpoint(ckpt, with_optimizer)
+                return ckpt, read_checkpoint(ckpt, with_optimizer, with_model)
             except DepthlabError as err:
                 why = str(err)
         if single:
@@ -218,11 +218,12 @@ def _load_tensors(path: Path) -> Any:
                             "refusing to unpickle it (not written by depthlab, or tampered with)") from None
 
 
-def read_checkpoint(ckpt: Path, with_optimizer: bool = True) -> dict[str, Any]:
-    """Model tensors, optimizer state, RNG state, trainer state and config of a checkpoint
-    (DepthlabError, one line, when a file is unreadable or not what depthlab writes)."""
+def read_checkpoint(ckpt: Path, with_optimizer: bool = True, with_model: bool = True) -> dict[str, Any]:
+    """Model tensors (``model``, with ``with_model``), their metadata (``meta``), optimizer state, RNG state,
+    trainer state and config of a checkpoint (DepthlabError, one line, when a file is unreadable or not what
+    depthlab writes)."""
     try:
-        return _read_checkpoint(ckpt, with_optimizer)
+        return _read_checkpoint(ckpt, with_optimizer, with_model)
     except DepthlabError:
         raise
     except Exception as err:  # noqa: BLE001 - safetensors, json, torch.load errors: one line
@@ -230,17 +231,28 @@ def read_checkpoint(ckpt: Path, with_optimizer: bool = True) -> dict[str, Any]:
                             f"{first_line(err)[:200]}") from None
 
 
-def _read_checkpoint(ckpt: Path, with_optimizer: bool) -> dict[str, Any]:
+def read_weights(ckpt: Path, meta: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """The model tensors of checkpoint ``ckpt``, a tied weight under each of its names (``meta``: the file's
+    metadata, read when not given)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
-        meta = f.metadata() or {}
+    if meta is None:
+        with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+            meta = f.metadata() or {}
     model = load_file(str(ckpt / "model.safetensors"))
     for alias, original in json.loads(meta.get("aliases") or "{}").items():
         model[alias] = model[original]  # a tied weight, stored once
+    return model
+
+
+def _read_checkpoint(ckpt: Path, with_optimizer: bool, with_model: bool = True) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        meta = f.metadata() or {}
     out = {
-        "model": model,
+        **({"model": read_weights(ckpt, meta)} if with_model else {}),
         "meta": meta,
         "state": json.loads((ckpt / STATE).read_text()),
         "config": json.loads((ckpt / "config.json").read_text()),

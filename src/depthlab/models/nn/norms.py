@@ -1,4 +1,11 @@
-"""Norms and the fixed / learnable scalings that schemes slot into a block."""
+"""Norms and the fixed / learnable scalings that schemes slot into a block.
+
+A constant ``scale`` (LNS's 1/sqrt(l)) is a Python float, so state dicts stay those of Pre-LN and meta-device
+builds keep it. Before ``torch.compile``, :func:`lift_constants` hands it over as data (a 0-dim buffer, not
+saved): compiled, a float literal goes into the generated kernels' source, so every block of LNS got kernels of
+its own (on the GPU, each one compiled and tuned: LNS compiled 2-3x longer than Pre-LN); read as data, the L
+blocks share one set of kernels, as Pre-LN's do. The numbers do not change.
+"""
 
 from __future__ import annotations
 
@@ -19,12 +26,12 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6, scale: float = 1.0) -> None:
         super().__init__()
         self.eps = eps
-        self.scale = float(scale)
+        self.scale = self.factor = float(scale)  # factor: what forward multiplies by (lift_constants: a buffer)
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return (self.weight * self.scale) * y.to(x.dtype)
+        return (self.weight * self.factor) * y.to(x.dtype)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
@@ -40,12 +47,12 @@ class LayerNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6, scale: float = 1.0) -> None:
         super().__init__()
         self.eps = eps
-        self.scale = float(scale)
+        self.scale = self.factor = float(scale)  # factor: what forward multiplies by (lift_constants: a buffer)
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, b = (self.weight, self.bias) if self.scale == 1.0 else (self.weight * self.scale, self.bias * self.scale)
+        w, b = (self.weight, self.bias) if self.scale == 1.0 else (self.weight * self.factor, self.bias * self.factor)
         return F.layer_norm(x.float(), (x.shape[-1],), w.float(), b.float(), self.eps).to(x.dtype)
 
     def reset_parameters(self) -> None:
@@ -66,7 +73,7 @@ class GroupLayerNorm(LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = x.float().unflatten(-1, (self.groups, -1))  # (..., G, D/G)
         y = F.layer_norm(g, (g.shape[-1],), eps=self.eps).flatten(-2)
-        return ((self.weight * self.scale) * y + self.bias * self.scale).to(x.dtype)
+        return ((self.weight * self.factor) * y + self.bias * self.factor).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, groups={self.groups}"
@@ -82,7 +89,7 @@ class GroupRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = x.float().unflatten(-1, (self.groups, -1))  # (..., G, D/G)
         y = F.rms_norm(g, (g.shape[-1],), eps=self.eps).flatten(-2)
-        return (self.weight * self.scale) * y.to(x.dtype)
+        return (self.weight * self.factor) * y.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, groups={self.groups}"
@@ -91,14 +98,14 @@ class GroupRMSNorm(RMSNorm):
 class Scale(nn.Module):
     """Multiply by a constant: LNS's 1/sqrt(l) at the positions other than right after the norm.
     A Python float, not a parameter nor a buffer, so it is absent from the state dict and survives
-    meta-device construction."""
+    meta-device construction (see the module docstring for compiled models)."""
 
     def __init__(self, scale: float) -> None:
         super().__init__()
-        self.scale = float(scale)
+        self.scale = self.factor = float(scale)  # factor: what forward multiplies by (lift_constants: a buffer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.scale
+        return x * self.factor
 
     def extra_repr(self) -> str:
         return f"{self.scale:.6g}"
@@ -138,3 +145,20 @@ class ChannelGain(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.gain.shape[0]}, init={self.init:.6g}"
+
+
+def lift_constants(model: nn.Module) -> int:
+    """Before ``torch.compile(model)``: every constant ``scale`` other than 1 of this module's norms and scalings
+    becomes data, a 0-dim float32 buffer on the model's device (not persistent: the state dict does not change).
+    ``scale`` stays the float. The same products as before (the buffer holds the float32 value the literal is
+    rounded to); see the module docstring for why. Returns how many were lifted (again: none)."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    lifted = 0
+    for module in model.modules():
+        if isinstance(module, (RMSNorm, LayerNorm, Scale)) and module.scale != 1.0 and not isinstance(module.factor,
+                                                                                                     torch.Tensor):
+            del module.factor
+            module.register_buffer("factor", torch.tensor(module.scale, dtype=torch.float32, device=device),
+                                   persistent=False)
+            lifted += 1
+    return lifted
