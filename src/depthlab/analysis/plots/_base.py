@@ -40,23 +40,31 @@ def colormap(name: str) -> Colormap:
 _FIXED = {"pre": "#1f77b4", "lns": "#ff7f0e"}
 _PALETTE = tuple(matplotlib.colors.to_hex(c) for c in (*matplotlib.colormaps["tab10"].colors[2:],
                                                        *matplotlib.colormaps["tab20"].colors[1::2]))
-#: Variants and names outside the registry: a stable hash into these (tab20b + tab20c).
-_HASHED = tuple(h for name in ("tab20b", "tab20c") for h in map(matplotlib.colors.to_hex, matplotlib.colormaps[name].colors)
-                if h not in _PALETTE)
+#: More colours for registry schemes past the palette, then for variants and names outside the registry (tab20b + tab20c).
+_MORE = tuple(h for name in ("tab20b", "tab20c") for h in map(matplotlib.colors.to_hex, matplotlib.colormaps[name].colors)
+              if h not in _PALETTE)
+
+#: Further colours for variants only (qualitative maps not used above), so that variants seldom share one.
+_EXTRA = tuple(dict.fromkeys(h for name in ("Dark2", "Set1", "Set2", "Paired", "Accent")
+                             for h in map(matplotlib.colors.to_hex, matplotlib.colormaps[name].colors)
+                             if h not in (*_PALETTE, *_MORE, *_FIXED.values())))
 
 
 def scheme_color(label: str) -> str:
     """The colour of a scheme (``lns``) or variant (``lns:position=after-branch``) in every figure: fixed for
-    ``pre`` and ``lns``, by registry position for the other schemes, by a stable hash of the label for a
-    variant or any other name (so it is the same in every report)."""
+    ``pre`` and ``lns``, by registry position for the other schemes (the palette, then tab20b/c), by a stable hash
+    of the label into the colours no registry scheme holds for a variant or any other name (so it is the same in
+    every report and never a registry scheme's)."""
     from depthlab.models.schemes import SCHEMES
 
     if label in _FIXED:
         return _FIXED[label]
+    by_position = (*_PALETTE, *_MORE)
     others = [name for name in SCHEMES if name not in _FIXED]
-    if label in others and others.index(label) < len(_PALETTE):
-        return _PALETTE[others.index(label)]
-    return _HASHED[int(hashlib.md5(label.encode()).hexdigest(), 16) % len(_HASHED)]
+    if label in others and others.index(label) < len(by_position):
+        return by_position[others.index(label)]
+    free = (*by_position[len(others):], *_EXTRA)
+    return free[int(hashlib.md5(label.encode()).hexdigest(), 16) % len(free)]
 
 
 def run_color(scheme: str | None) -> str:
