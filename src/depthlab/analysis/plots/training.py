@@ -58,7 +58,11 @@ TRACKED_LABELS = {
     "layer_contribution": "‖x^{l+1} − x^l‖ / ‖x^l‖",
     "layer_norm_gain": "mean |γ| of the pre-norms",
     "layer_variance": "output variance",
+    "layer_lens_loss": "logit-lens loss after block l",
+    "layer_lens_agreement": "logit-lens top-1 = final",
+    "layer_grad_norm": "‖grad‖ of block l's parameters",
 }
+LOG_SCALED = ("layer_variance", "layer_grad_norm")  # drawn as log10
 
 
 def depth_tracking(series: dict[str, tuple[Sequence[int], Sequence[Sequence[float | None]]]], path: str | Path,
@@ -71,7 +75,7 @@ def depth_tracking(series: dict[str, tuple[Sequence[int], Sequence[Sequence[floa
     for ax, key in zip(axes[0], keys):
         steps, rows = series[key]
         v = np.array([[np.nan if x is None else x for x in row] for row in rows], dtype=float).T  # (L, n)
-        log = key == "layer_variance"
+        log = key in LOG_SCALED
         shown = np.log10(np.clip(v, 1e-12, None)) if log else v
         im = ax.imshow(shown, aspect="auto", origin="lower", cmap="magma",
                        extent=(steps[0], steps[-1], 0.5, v.shape[0] + 0.5))
