@@ -297,7 +297,8 @@ def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
         for step in range(s.start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             due = _due(cfg, step)
-            res = train_step(step, s.forward, s.model, s.optimizer, s.data.train, cfg, s.env, layer_grads=due["probe"] and s.evaluator.track_depth)
+            grads = due["probe"] and s.evaluator.track_depth  # per-block gradient norms for the probe
+            res = train_step(step, s.forward, s.model, s.optimizer, s.data.train, cfg, s.env, layer_grads=grads)
             if res.layer_grad_norm_t is not None:
                 done.layer_grads = res.layer_grad_norm_t
             s.tokens += res.tokens
