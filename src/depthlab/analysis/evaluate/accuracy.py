@@ -78,7 +78,7 @@ def load_tasks(specs: str | Sequence[str | Task | GenTask], limit: int | None = 
     return tasks
 
 
-class _Codec:
+class Codec:
     """encode / decode / special ids of a Target, tokenizing as lm-eval's HFLM does for HF models
     (the tokenizer's own special tokens, e.g. BOS) and as depthlab trains for depthlab models."""
 
@@ -131,7 +131,7 @@ def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path 
 
     target = target_for(target, stream=False)  # a path is loaded; a target read layer by layer is refused: scoring
     # runs the whole model on each batch
-    codec, fn, max_len = _Codec(target), target.forward_fn(), _max_length(target)
+    codec, fn, max_len = Codec(target), target.forward_fn(), _max_length(target)
     results: dict[str, dict[str, Any]] = {}
     generations: dict[str, list[dict[str, Any]]] = {}
     for task in task_list:
