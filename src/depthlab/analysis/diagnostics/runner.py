@@ -117,10 +117,10 @@ class _Streamed:
     variance: VarianceAccumulator
     removal: RemovalAccumulator | None  # causal LMs with opts.removal
     jac_seqs: list[torch.Tensor] = field(default_factory=list)  # the first jac_samples input rows
-    sublayers: SublayerAccumulator | None = None  # causal LMs with opts.sublayers
-    lens: LensAccumulator | None = None  # causal LMs with opts.lens
     base_loss: float = 0.0  # summed loss when there is no removal sweep (causal LMs)
     base_count: int = 0
+    sublayers: SublayerAccumulator | None = None  # causal LMs with opts.sublayers (in memory only)
+    lens: LensAccumulator | None = None  # causal LMs with opts.lens (in memory only)
 
 
 def _stream(cap, batches: TextBatches, target: Target, opts: DiagnoseOptions) -> _Streamed:

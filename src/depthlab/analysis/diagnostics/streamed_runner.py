@@ -155,6 +155,9 @@ def diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions | None = None,
         settings.state_dir = state_dir(out)
     sweeper = Sweeper(target, settings)
     L = target.source.n_layers
+    if opts.sublayers or opts.lens:
+        log.info("the streamed engine measures whole blocks: no attention/MLP units and no logit lens (--no-stream "
+                 "gives them where the model fits memory)")
     batches, text = text_batches(target, opts)
     mc, mc_batches = _mc_batches(target, opts, L)
     streams = [Stream("base"), *(removal_streams(L) if opts.removal else [])]
