@@ -87,3 +87,29 @@ def test_streamed_unit_pruning_is_refused_in_one_line(hf_dir, tmp_path, capsys):
     code = main(["prune", str(hf_dir("llama", 4)), "--unit", "heads", "--remove", "1", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "heads" in err and "attn" in err and not (tmp_path / "o").exists()
+
+
+def test_every_supported_hf_family_zeroes_the_same_branch_it_measures():
+    """For each family of the registry: zeroing the unit's output projection (the export) gives the logits of the
+    branch's output zeroed (what diagnose and the selection measure)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from depthlab.analysis.diagnostics.sublayers import unit_modules, zeroed
+    from depthlab.hf.architectures import SUPPORTED_MODEL_TYPES
+    from depthlab.prune.units import zero_units
+    from depthlab.targets.layers import find_layers
+
+    ids = torch.randint(0, 100, (1, 9))
+    for model_type in SUPPORTED_MODEL_TYPES:
+        cfg = AutoConfig.for_model(model_type, vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg).eval()
+        for unit in ("attn", "mlp"):
+            with torch.no_grad(), zeroed(unit_modules(find_layers(model), unit)[1]):
+                hooked = model(input_ids=ids).logits
+            with torch.no_grad():
+                cut = zero_units(model, unit, [2])(input_ids=ids).logits
+                full = model(input_ids=ids).logits
+            torch.testing.assert_close(cut, hooked, msg=f"{model_type} {unit}")
+            assert not torch.allclose(cut, full)
