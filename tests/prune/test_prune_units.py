@@ -55,7 +55,7 @@ def test_greedy_attention_removal_on_qwen2_equals_zeroed_projections_in_transfor
 
 
 def test_depthlab_mlp_removal_skips_the_compute_and_scores_generation(tmp_path):
-    from depthlab.prune.options import PruneOptions
+    from depthlab.prune.options import HealOptions, PruneOptions
     from depthlab.prune.units import prune_units_in_memory, skipping_model
     from depthlab.targets import load_target
 
@@ -63,9 +63,11 @@ def test_depthlab_mlp_removal_skips_the_compute_and_scores_generation(tmp_path):
     torch.manual_seed(0)
     target.model = d.build_model(target.model.cfg.replace(n_layers=4, d_model=32, n_heads=2, d_ff=64)).eval()
     opts = PruneOptions(unit="mlp", blocks=[2, 4], data="builtin", tokens=64, seq_len=32, batch_size=2, progress=False,
-                        latency_tokens=2, generate="builtin-arith", generate_limit=2)
+                        latency_tokens=2, generate="builtin-arith", generate_limit=2,
+                        heal=HealOptions(steps=1, batch_size=2, seq_len=32, progress=False))
     rep = prune_units_in_memory(target, opts, tmp_path / "mlp")
-    assert rep["removed_blocks"] == [2, 4] and set(rep["generate"]) == {"original", "pruned"}
+    assert rep["removed_blocks"] == [2, 4] and set(rep["generate"]) == {"original", "pruned", "healed"}
+    assert set(rep["loss"]) == {"original", "pruned", "healed"} and rep["heal"]["steps"] == 1
     assert rep["generate"]["original"]["n"] == 2 and "depthlab_speedup" in rep["latency"]
     assert rep["export"]["max_abs_logit_diff"] < 1e-4 and rep["export"]["max_abs_logit_diff_zeroed_vs_hooked"] < 1e-5
     ids = torch.randint(0, 200, (2, 12))
