@@ -12,5 +12,5 @@ depthlab prune smollm2 --unit attn --remove 8 --method angular-block "${COMMON[@
 depthlab compare --schemes pre,lns --preset tiny --data builtin --steps 64 --batch-size 8 --eval-tokens 4096 \
   --diag-tokens 2048 --variance-every 8 --jobs 2 --out "$OUT/tiny-pre-lns"
 # 4. SmolLM2's diagnosis: attention vs MLP per block, the logit lens
-depthlab diagnose smollm2 --data builtin --tokens 1024 --seq-len 256 --batch-size 4 --no-jacobian --no-progress \
+depthlab diagnose smollm2 --data builtin --tokens 512  --seq-len 256 --batch-size 2 --no-jacobian --no-progress \
   --out "$OUT/smollm2-diagnose"
