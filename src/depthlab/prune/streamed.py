@@ -129,10 +129,11 @@ class StreamedMeasure:
 def streamed_cost(target: StreamTarget, seq_len: int) -> dict[str, int]:
     """:func:`depthlab.prune.export.cost` from the checkpoint's tensor index: parameters, and forward FLOPs per
     token (2 per weight of every linear layer, LM head included, + 2·T·q_out per layer for attention)."""
-    index = target.source.store.index
-    layer = re.compile(r"^model\.layers\.\d+\.")
+    source = target.source
+    index = source.store.index
+    layer = re.compile(rf"^{re.escape(source.family.layers)}\.\d+\.")
     linear = sum(i.numel for k, i in index.items() if layer.match(k) and len(i.shape) == 2)
-    head = index.get("lm_head.weight") or index["model.embed_tokens.weight"]
+    head = index[source.keys_of(source.head_modules[-1])[0]]
     attn = sum(2 * seq_len * i.shape[0] for k, i in index.items() if layer.match(k) and k.endswith("q_proj.weight"))
     return {"params": sum(i.numel for i in index.values()), "flops_per_token": 2 * (linear + head.numel) + attn,
             "n_layers": target.source.n_layers}
