@@ -130,8 +130,11 @@ def _stream(cap, batches: TextBatches, target: Target, opts: DiagnoseOptions) ->
     removal = RemovalAccumulator(L) if (opts.removal and target.causal) else None
     acc = _Streamed(AngularAccumulator(L + 1), VarianceAccumulator(L + 1), removal)
     if opts.sublayers and target.causal:
-        check_sublayers(cap.layers)
-        acc.sublayers = SublayerAccumulator(L, removal=removal is not None)
+        try:
+            check_sublayers(cap.layers)
+            acc.sublayers = SublayerAccumulator(L, removal=removal is not None)
+        except DepthlabError as err:  # a family whose blocks name their branches otherwise: whole blocks only
+            log.info("no attention/MLP units for %s: %s", target.name, err)
     acc.lens = LensAccumulator(L) if (opts.lens and target.causal) else None
     n_batches = -(-(batches.requested // batches.seq_len) // opts.batch_size)
     # the captured forward, one replay per removed block, two per block's sublayers, one head per lens state
