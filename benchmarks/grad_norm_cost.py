@@ -1,12 +1,13 @@
 """Cost of the per-block gradient norms (``layer_grad_norm``) relative to a train step, interleaved.
 
-    python benchmarks/grad_norm_cost.py --preset tiny --repeats 20
+    python benchmarks/grad_norm_cost.py --preset tiny --repeats 20 --out benchmarks/results
 
 A *step* is forward + loss + backward + Adam on the preset's CPU training batch; *grad norms* is
 :func:`depthlab.analysis.diagnostics.probes.grad_norm_tensor` over the blocks' gradients, read to the host (what a
 probe step adds). Both run in each round, order alternating. The trainer adds the grad norms at probe steps only, so
 the overhead at the default interval is (steps // every) · t_norms / (steps · t_step).
-Writes results/grad_norm_cost_cpu_<preset>.json with the command, versions, load and raw timings.
+Writes grad_norm_cost_cpu_<preset>.json (outside the checkout unless ``--out benchmarks/results``) with the command,
+versions, load and raw timings.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="tiny")
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    p.add_argument("--out", default=None, help="folder or .json file (default: outside the checkout; "
+                   "--out benchmarks/results updates the committed result)")
     args = p.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_out import result_path
+
+    path = result_path(f"grad_norm_cost_cpu_{args.preset}.json", args.out)
     cfg = d.from_preset(args.preset, scheme="lns")
     tc = TrainConfig(data="builtin").resolve(cfg)
     model = d.build_model(cfg)
@@ -65,8 +71,6 @@ def main() -> None:
               "median_s": med, "norms_over_step": med["grad_norms"] / med["train_step"],
               "overhead_at_default_interval": overhead, "steps": tc.steps, "variance_every": every,
               "load_before": load_before, "load_after": os.getloadavg(), "raw_s": times}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"grad_norm_cost_cpu_{args.preset}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"train step {med['train_step'] * 1e3:.1f} ms, grad norms {med['grad_norms'] * 1e3:.2f} ms "
           f"({100 * result['norms_over_step']:.2f}% of a step; {100 * overhead:.3f}% of training at the default "
