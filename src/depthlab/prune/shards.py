@@ -27,6 +27,7 @@ import torch
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish
 from depthlab.hf.architectures import Family, cut_config, family_of
+from depthlab.targets.engine import gib
 from depthlab.targets.layerwise import INDEX_FILE, read_header, safetensors_files
 
 COPY_CHUNK = 16 << 20  # bytes copied at a time
@@ -155,8 +156,8 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
     out.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(out).free
     if need > free:
-        raise DepthlabError(f"not enough disk for the pruned checkpoint in {str(out)!r}: it needs {need / 2**30:.2f} GiB, "
-                            f"{free / 2**30:.2f} GiB are free")
+        raise DepthlabError(f"not enough disk for the pruned checkpoint in {str(out)!r}: it needs {gib(need)}, "
+                            f"{gib(free)} are free")
     plans = [(f, names) for f, names in plans if names]
     single = len(plans) == 1
     weight_map, total = {}, 0

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import struct
 import weakref
 from collections import Counter
 from collections.abc import Iterator
@@ -41,32 +40,23 @@ import torch
 from torch import nn
 
 from depthlab.base.errors import DepthlabError, first_line
+from depthlab.targets.verify import ST_DTYPE_BYTES, check_index, check_source, read_header  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-#: Bytes per element of the safetensors dtype names.
-ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                  "F8_E4M3": 1, "F8_E5M2": 1}
 INDEX_FILE = "model.safetensors.index.json"
 
 
 # ---------------------------------------------------------------------------------------------- files
-def read_header(path: str | Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (tensor name -> dtype, shape, data_offsets), no tensor read."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > 100_000_000:
-            raise DepthlabError(f"{str(path)!r} is not a safetensors file (header of {n} bytes)")
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return header
-
-
 def safetensors_files(path: Path) -> list[Path]:
     """The weight files of an HF directory: those its index names, else every ``*.safetensors``."""
     index = path / INDEX_FILE
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DepthlabError(f"{str(index)!r} is damaged: {first_line(err)[:120]}") from None
+        check_index(path, weight_map)
         return [path / name for name in dict.fromkeys(weight_map.values())]
     return sorted(path.glob("*.safetensors"))
 
@@ -647,10 +637,13 @@ def open_layerwise(name: str, device: str | torch.device = "cpu", dtype: torch.d
     compute_dtype = compute_dtype or dtype
     store = TensorStore(list(found.files))
     if found.kind == "run":
-        return _run_target(found, name, store, device, dtype, compute_dtype)
+        target = _run_target(found, name, store, device, dtype, compute_dtype)
+        check_source(target.source, str(found.path))  # the whole checkpoint, before the first layer
+        return target
     from depthlab.data.tokenizers import model_tokenizer
 
     source = HFLayerSource(found.path, store, device, dtype, compute_dtype)
+    check_source(source, str(found.path))  # the whole checkpoint, before the first layer
     cfg = source.skeleton.config
     info = {"source": str(found.path), "architecture": type(source.skeleton).__name__, "model_type": cfg.model_type,
             "n_layers": source.n_layers, "d_model": cfg.hidden_size, "n_heads": cfg.num_attention_heads,

@@ -43,6 +43,10 @@ def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
                                              f"Attention and MLP of each block\n{name}")
     if "lens" in report:
         figs["lens"] = P.logit_lens(report["lens"], out / "logit_lens.png", f"Logit lens\n{name}")
+    dm = report.get("depth_attention")
+    if dm:
+        figs["depth_attention"] = P.depth_attention_map(dm["weights"], dm["readers"], dm["sources"],
+                                                        out / "depth_attention.png", f"Depth attention\n{name}")
     jac = report.get("jacobian")
     if jac and jac.get("per_layer"):
         pl = jac["per_layer"]
@@ -194,6 +198,13 @@ def render_html(report: dict[str, Any], out: Path) -> str:
                          f"acc {mc['acc']:.3f}, acc_norm {mc['acc_norm']:.3f}.</p>")
     parts += _sublayer_section(report, out, figs) + _lens_section(report, out, figs)
     parts += ["<h2>Variance and residual norm</h2>", _img(out, figs.get("variance"), "variance")]
+    if report.get("depth_attention"):
+        parts += ["<h2>Depth attention (Attention Residuals)</h2>",
+                  f"<p>Which earlier outputs each layer reads: the softmax weight of every reader (the input of each "
+                  f"attention and FFN, and of the final norm) on every source before it, averaged over "
+                  f"{report['depth_attention']['tokens']:,} tokens. A plain residual stream would weigh them all "
+                  f"equally; numbers in report.json (<code>depth_attention</code>).</p>",
+                  _img(out, figs.get("depth_attention"), "depth attention map")]
     jac = report.get("jacobian")
     if jac and jac.get("per_layer"):
         parts += ["<h2>Block Jacobians</h2>",
