@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> tuple[GPT, object]:
         logits, loss = model(x, y)
         loss.backward()
         opt.step()
+        monitor.record_grads()                            # optional: keeps each block's gradient norm for the probe
         opt.zero_grad(set_to_none=True)
         scalars = monitor.step(step, last=step == steps)  # None, or {"depth/angular/block_01": ..., ...}
         if scalars:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from depthlab.data import eval_token_batches
 from depthlab.analysis.diagnostics.probes import TRACKED, deep_mean, depth_probe
 from depthlab.analysis.plots._base import save, subplots
+from depthlab.data import eval_token_batches
 from depthlab.train import list_checkpoints, load_run
 
 SEQ, N_SEQ = 128, 32  # 4,096 held-out tokens per probe

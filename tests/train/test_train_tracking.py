@@ -38,9 +38,13 @@ def probes(run):
 
 def test_tracked_angular_and_removal_equal_diagnose_on_the_same_checkpoint_and_batch(tmp_path):
     run = tmp_path / "run"
-    train(small(), cfg(6), run, quiet=True)
+    train(small(), cfg(6, grad_clip=1e9), run, quiet=True)  # a clip that never clips: the train line's grad_norm
     last = probes(run)[-1]
     assert last["step"] == 6 and set(TRACKED) <= set(last)
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "layer_grad_norm" not in probes(run)[0] and len(last["layer_grad_norm"]) == 4  # none before step 1
+    (whole,) = [r["grad_norm"] for r in lines if r.get("step") == 6 and "grad_norm" in r]
+    assert 0 < sum(g * g for g in last["layer_grad_norm"]) <= whole ** 2 * (1 + 1e-5)  # embeddings and head: the rest
     report = diagnose(load_target(str(run)), DiagnoseOptions(data="builtin", tokens=PROBE * SEQ, seq_len=SEQ,
                                                              batch_size=PROBE, jacobian=False, progress=False))
     assert report["data"]["tokens"] == PROBE * SEQ

@@ -45,13 +45,15 @@ CPU_JACOBIAN_MAX_WIDTH = 256  # a block Jacobian costs about D backward passes
 
 
 def resolve_defaults(tokens: int | None, jacobian: bool | None, device_type: str, n_params: int, d_model: int | None,
-                     seq_len: int, engine: str | None = None) -> tuple[int, bool, str | None]:
+                     seq_len: int, engine: str | None = None, sweep_cost: float = 1.0) -> tuple[int, bool, str | None]:
     """(tokens, jacobian, the one line saying what was chosen and, given ``engine``, which engine runs and why;
-    None when the user chose both and no engine is named)."""
+    None when the user chose both and no engine is named). ``sweep_cost``: the replays per batch relative to the
+    removal sweep alone (3 with the attention / MLP units, which replay twice per block): a CPU's tokens shrink
+    by it, so the run keeps its time budget."""
     if device_type != "cpu":
         t, j = GPU_TOKENS, True
     else:
-        t = int(min(CPU_MAX_TOKENS, max(CPU_MIN_TOKENS, CPU_TOKENS_135M * 135e6 / max(n_params, 1))))
+        t = int(min(CPU_MAX_TOKENS, max(CPU_MIN_TOKENS, CPU_TOKENS_135M * 135e6 / max(n_params, 1) / sweep_cost)))
         t = max(seq_len, t // seq_len * seq_len)
         j = d_model is not None and d_model <= CPU_JACOBIAN_MAX_WIDTH
     where = f"; engine: {engine}" if engine else ""
@@ -168,9 +170,11 @@ def _diagnose(args: argparse.Namespace, given: dict, target, device, out: Path) 
     if not target.causal:
         log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", args.target)
     line = target.plan.line + ("; block Jacobians are in-memory only: off" if streamed else "")
+    units = given.get("sublayers", True) and given.get("removal", True) and target.causal and not streamed
     given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), False if streamed else
                                                                   given.get("jacobian"), device.type, target.n_params,
-                                                                  target.info.get("d_model"), given["seq_len"], line)
+                                                                  target.info.get("d_model"), given["seq_len"], line,
+                                                                  3.0 if units else 1.0)
     opts = DiagnoseOptions(**given)  # progress: a bar on a terminal, ETA log lines otherwise
     opts.check_blocks(target.info.get("n_layers"))  # --jac-layers 99 of a 4-block model: before any pass
     print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from depthlab.analysis.diagnostics.streamed import SweepSettings
+from depthlab.base.errors import DepthlabError
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.pipeline import check_in_memory, prune_in_memory
 from depthlab.prune.streamed import check_stream_target, prune_streamed
+from depthlab.prune.units import prune_units_in_memory
 from depthlab.targets.engine import engine_of
 from depthlab.targets.load import target_for
 
@@ -31,6 +33,9 @@ def check_target(target: Any, opts: PruneOptions, out: str | Path) -> Any:
     ``opts.stream`` says)."""
     target = target_for(target, opts.stream)
     if engine_of(target) == "streamed":
+        if opts.unit != "block" or opts.generate:
+            raise DepthlabError(f"{'--unit ' + opts.unit if opts.unit != 'block' else '--generate'} needs the model in "
+                                "memory; the streamed engine removes whole blocks and scores likelihood only (--no-stream)")
         check_stream_target(target, opts, Path(out))
     else:
         check_in_memory(target, opts, Path(out))
@@ -46,4 +51,6 @@ def prune_target(target: Any, opts: PruneOptions, out: str | Path, command: str 
     target = target_for(target, opts.stream)
     if engine_of(target) == "streamed":
         return prune_streamed(target, opts, out, command, settings)
+    if opts.unit != "block":
+        return prune_units_in_memory(target, opts, out, command)
     return prune_in_memory(target, opts, out, command)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from depthlab.base.errors import MAX_TOKENS, DepthlabError, check_int, check_number, check_work, choices
 
 METHODS = ("removal", "angular-block", "influence")  # how blocks are chosen (depthlab.prune.select)
+UNIT_CHOICES = ("block", "attn", "mlp")  # what one removal takes out: a block, or one block's attention or MLP
 HEAL_MODES = ("full", "lora")
 
 
@@ -46,6 +47,7 @@ class PruneOptions:
     """Which blocks go (exactly one of ``remove``, ``budget``, ``blocks``), chosen how, on what text."""
 
     # ---- what to remove
+    unit: str = "block"  # what goes: whole blocks, or the attention (attn) or MLP (mlp) sublayer of blocks
     method: str = "removal"  # how to choose blocks (ignored with blocks): removal | angular-block | influence
     remove: int | None = None  # remove N blocks
     budget: float | None = None  # or: the most blocks within this many nats of extra held-out loss
@@ -57,6 +59,8 @@ class PruneOptions:
     batch_size: int = 8  # sequences per forward
     heal: HealOptions = field(default_factory=HealOptions)  # healing after the surgery
     latency_tokens: int = 16  # new tokens generated for the latency measurement
+    generate: str | None = None  # generative task scored by exact match before and after: builtin-arith, builtin-verses, .jsonl
+    generate_limit: int = 50  # its first N items
     progress: bool = True  # progress bars
     # ---- engine
     stream: bool | None = None  # read the model layer by layer (no healing, no latency); default: when it exceeds free memory
@@ -68,6 +72,15 @@ class PruneOptions:
         if len(given) != 1:
             raise DepthlabError("give exactly one of --remove N, --budget NATS, --blocks LIST"
                                 + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
+        if self.unit not in UNIT_CHOICES:
+            raise DepthlabError(f"unknown --unit {self.unit!r}; {choices(UNIT_CHOICES)}")
+        if self.generate is not None:
+            from depthlab.data.gentasks import GEN_TASKS
+
+            if self.generate not in GEN_TASKS and not self.generate.endswith((".jsonl", ".json")):
+                raise DepthlabError(f"unknown --generate task {self.generate!r}; choose one of: {', '.join(GEN_TASKS)} "
+                                    "or a .jsonl file of prompt/answer rows")
+        check_int("--generate-limit", self.generate_limit, 1)
         if self.method not in METHODS:
             raise DepthlabError(f"unknown --method {self.method!r}; {choices(METHODS)}")
         if self.remove is not None:

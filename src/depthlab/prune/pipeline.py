@@ -139,8 +139,12 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
     t0 = time.time()
     out = Path(out)
     L = check_in_memory(target, opts, out)
+    if opts.unit != "block":
+        raise DepthlabError(f"prune_in_memory removes blocks; --unit {opts.unit} is depthlab.prune.units."
+                            "prune_units_in_memory's (prune_target dispatches)")
     batches = held_out_batches(target, opts)
     before, sel = choose(target, opts, batches)
+    gen = _generative(target, target.model, opts, {}, "original")
     ids = _probe_ids(batches)
     original_hf = hf_model_of(target.model)
     skip_ref = _capture(target.model).run_without(ids, sel.removed)
@@ -148,6 +152,7 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
     with torch.no_grad():
         skip_diff = float((lm_logits(pruned, ids).float() - skip_ref.float()).abs().max())
     after = _survey(pruned, batches)
+    _generative(target, pruned, opts, gen, "pruned")
     healed, heal_info = None, None
     if opts.heal.steps > 0:
         healed, heal_info = heal(pruned, target.tokenizer, opts.heal)  # in place: its survey is taken
@@ -183,11 +188,23 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
             report["loss"]["healed"], report["ppl"]["healed"] = h["loss"], h["ppl"]
             report["angular"]["healed"] = h["angular"]
             report["heal"] = heal_info
+            _generative(target, healed, opts, gen, "healed")
+        report["generate"] = gen or None
         report["latency"] = _latency(original_hf, final_hf, ids, opts.latency_tokens)
         report["run_dir"] = str(out / "run") if _maybe_run_dir(target, final, tmp, report) else None
         report["seconds"] = round(time.time() - t0, 2)
         write_report(report, tmp)
     return report
+
+
+def _generative(target: Target, model: nn.Module, opts: PruneOptions, into: dict[str, Any], stage: str
+                ) -> dict[str, Any]:
+    """With ``--generate``: the exact-match accuracy of ``model`` at ``stage`` (original, pruned, healed)."""
+    if opts.generate:
+        from depthlab.prune.prune_generate import generative_accuracy
+
+        into[stage] = generative_accuracy(target, model, opts)
+    return into
 
 
 def _original_depths(model: nn.Module, removed: list[int]) -> list[int] | None:

@@ -39,7 +39,15 @@ def summary_sentence(r: dict[str, Any]) -> str:
             f"held-out loss {loss['original']:.4f} -> {loss['pruned']:.4f}{healed}; parameters -"
             f"{100 * (1 - c1['params'] / c0['params']):.1f}%, FLOPs/token -"
             f"{100 * (1 - c1['flops_per_token'] / c0['flops_per_token']):.1f}%; "
-            f"{latency}export max |Δlogit| {r['export']['max_abs_logit_diff']:.2e}.")
+            f"{latency}export max |Δlogit| {r['export']['max_abs_logit_diff']:.2e}{_generation(r)}.")
+
+
+def _generation(r: dict[str, Any]) -> str:
+    gen = r.get("generate") or {}
+    if not gen:
+        return ""
+    return (f"; {next(iter(gen.values()))['task']} exact match "
+            + " -> ".join(f"{100 * g['acc']:.1f} % ({s})" for s, g in gen.items()))
 
 
 def _figures(data: dict[str, Any], out: Path) -> dict[str, Path]:
@@ -57,7 +65,9 @@ def _figures(data: dict[str, Any], out: Path) -> dict[str, Path]:
 
 def _tables(r: dict[str, Any]) -> str:
     stages = [s for s in ("original", "pruned", "healed") if r["loss"].get(s) is not None]
-    rows = [(s, f"{r['loss'][s]:.4f}", f"{r['ppl'][s]:.2f}") for s in stages]
+    gen = r.get("generate") or {}
+    rows = [(s, f"{r['loss'][s]:.4f}", f"{r['ppl'][s]:.2f}") + ((f"{100 * gen[s]['acc']:.1f} %" if s in gen else "–",)
+                                                             if gen else ()) for s in stages]
     c0, c1 = r["cost"]["original"], r["cost"]["pruned"]
     lat = r.get("latency")  # None when the model was streamed (not held in memory)
     cost_rows = [("blocks", c0["n_layers"], c1["n_layers"], f"{c1['n_layers'] / c0['n_layers']:.3f}"),
@@ -68,7 +78,8 @@ def _tables(r: dict[str, Any]) -> str:
         cost_rows.append((f"generate {lat['pruned']['new_tokens']} tokens (s, {lat['pruned']['device']})",
                           f"{lat['original']['seconds']:.3f}", f"{lat['pruned']['seconds']:.3f}",
                           f"{lat['pruned']['seconds'] / lat['original']['seconds']:.3f}"))
-    return ("<h2>Held-out loss</h2>" + table(["model", "loss", "perplexity"], rows)
+    head = ["model", "loss", "perplexity"] + ([f"exact match ({next(iter(gen.values()))['task']})"] if gen else [])
+    return ("<h2>Held-out loss</h2>" + table(head, rows)
             + "<h2>Cost</h2>" + table(["", "original", "pruned", "ratio"], cost_rows))
 
 

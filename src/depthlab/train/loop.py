@@ -248,6 +248,7 @@ class _Done:
     eval: EvalResult | None = None
     eval_step: int | None = None
     probe: dict[str, list[float]] | None = None
+    layer_grads: Any = None  # the last probe step's per-block gradient norms, on the device
     win_tokens: int = 0  # since the last train line in metrics.jsonl
     win_time: float = 0.0
     session_tokens: int = 0  # optimizer steps only (no eval / probe / checkpoint time)
@@ -306,14 +307,17 @@ def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
     with progress_bar(cfg.steps, name, "step", not quiet and s.env.is_main, initial=s.start) as bar:
         for step in range(s.start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
-            res = train_step(step, s.forward, s.model, s.optimizer, s.data.train, cfg, s.env)
+            due = _due(cfg, step)
+            grads = due["probe"] and s.evaluator.track_depth  # per-block gradient norms for the probe
+            res = train_step(step, s.forward, s.model, s.optimizer, s.data.train, cfg, s.env, layer_grads=grads)
+            if res.layer_grad_norm_t is not None:
+                done.layer_grads = res.layer_grad_norm_t
             s.tokens += res.tokens
             pending.append(_Pending(res, s.tokens, time.perf_counter() - t0))
             if done.compile_s is None and cfg.compile:
                 done.compile_s = pending[-1].dt
                 log.log(level, "compiled the training step: its first call took %.1f s (later steps reuse it)",
                         done.compile_s)
-            due = _due(cfg, step)
             if res.deferred and not any(due.values()):
                 continue
             records = _settle(s, pending, done, bar)
@@ -362,6 +366,8 @@ def _after_step(s: _Session, step: int, due: dict[str, bool], done: _Done, quiet
     if due["probe"]:
         nth = step // cfg.variance_every  # the removal sweep (L partial forwards) every removal_every-th probe
         done.probe = s.evaluator.probe(removal=last or (cfg.removal_every > 0 and nth % cfg.removal_every == 0))
+        if done.layer_grads is not None and s.evaluator.track_depth:  # this step's gradient, before clipping
+            done.probe["layer_grad_norm"], done.layer_grads = done.layer_grads.tolist(), None
         s.metrics.write({"step": step, **done.probe})
     if due["eval"]:
         done.eval, done.eval_step = s.evaluator.evaluate(), step

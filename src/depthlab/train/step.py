@@ -21,8 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from depthlab.analysis.diagnostics.probes import grad_norm_tensor
 from depthlab.data import IGNORE_INDEX
 from depthlab.models.nn.norms import lift_constants
+from depthlab.targets.layers import find_layers
 from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
 from depthlab.train.optim import FUSED_DEVICES, lr_at, set_lr, skips_on_device
@@ -169,6 +171,7 @@ class StepResult:
         self.step, self.lr, self.tokens = step, lr, tokens  # tokens: target tokens of the global batch
         self.loss_t, self.grad_norm_t = loss, grad_norm  # 0-dim, on the device
         self.deferred = deferred  # a non-finite loss already kept this step and every later one from updating
+        self.layer_grad_norm_t: torch.Tensor | None = None  # (L,) per-block gradient norms, when asked for
 
     @property
     def loss(self) -> float:
@@ -191,14 +194,17 @@ def read_results(results: list[StepResult]) -> list[tuple[float, float | None]]:
 
 
 def train_step(step: int, forward: Forward, model: nn.Module, optimizer: torch.optim.Optimizer, train_data: Any,
-               cfg: TrainConfig, env: D.DistEnv) -> StepResult:
+               cfg: TrainConfig, env: D.DistEnv, layer_grads: bool = False) -> StepResult:
     """Optimizer step ``step`` (1-based): schedule the lr, accumulate this rank's slice of the global
     batch, clip, update. A non-finite loss updates nothing and is returned for the caller to stop on.
 
     With a fused Adam(W) the host does not wait for the loss: the check runs on the device (the optimizer's
     ``found_inf``, as torch's GradScaler uses it), against a flag that stays set once a loss was non-finite
     (:attr:`Forward.diverged`), so neither that step nor any later one updates the weights before the caller reads
-    the losses and stops. Other optimizers read the loss at once, as before."""
+    the losses and stops. Other optimizers read the loss at once, as before.
+
+    ``layer_grads``: keep each block's gradient norm before clipping (``StepResult.layer_grad_norm_t``, on the
+    device; the probe steps ask for it)."""
     lr = lr_at(step - 1, cfg)
     set_lr(optimizer, lr)
     x, y = train_data.rank_batch(step - 1, cfg.batch_size, env.rank, env.world_size)
@@ -208,6 +214,7 @@ def train_step(step: int, forward: Forward, model: nn.Module, optimizer: torch.o
         optimizer.zero_grad(set_to_none=True)
         return StepResult(step, loss, lr, n_global, None, False)
     grad_norm = None
+    per_layer = grad_norm_tensor(find_layers(model)) if layer_grads else None
     if cfg.grad_clip is not None:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     if deferred:
@@ -219,7 +226,9 @@ def train_step(step: int, forward: Forward, model: nn.Module, optimizer: torch.o
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(step, loss, lr, n_global, grad_norm, deferred)
+    res = StepResult(step, loss, lr, n_global, grad_norm, deferred)
+    res.layer_grad_norm_t = per_layer
+    return res
 
 
 def accumulate_gradients(forward: Forward, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,

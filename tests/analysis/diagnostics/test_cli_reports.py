@@ -30,6 +30,10 @@ def _numbers(report):
            "loss": report["removal"]["loss"], "base": [report["removal"]["base_loss"]],
            "jac": [p["rel_dist_identity"] for p in report["jacobian"]["per_layer"]]}
     out["matrix"] = [v for row in report["angular"]["matrix"] for v in row if v is not None]
+    for unit in ("attn", "mlp"):  # depthlab's branch ends (after LNS's scaled norms) and HF's o_proj / down_proj agree
+        for key in ("delta_loss", "contribution", "angular"):
+            out[f"{unit}_{key}"] = report["sublayers"][unit][key]
+    out.update({f"lens_{k}": report["lens"][k] for k in ("loss", "agreement", "kl")})
     return out
 
 
@@ -53,6 +57,7 @@ def test_lns_run_and_its_folded_hf_export_give_the_same_report(lns_run, tmp_path
     assert abs(c["removal"]["base_loss"] - a["removal"]["base_loss"]) > 1e-3
     page = write_report(a, tmp_path / "rep")
     assert page.is_file() and "data:image/png;base64," in page.read_text()
+    assert "<h2>Attention and MLP</h2>" in page.read_text() and "<h2>Logit lens</h2>" in page.read_text()
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert rep["model"]["scheme"] == "lns" and len(rep["angular"]["adjacent"]) == 4
 
@@ -69,7 +74,8 @@ def test_cli_writes_a_report_and_warns_on_short_data(tmp_path, capsys):
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
     assert rep["data"]["short"] and 0 < rep["data"]["tokens"] < 100000
     assert rep["model"]["scheme"] == "lns" and rep["summary"] in err.out
-    for fig in ("angular_heatmap", "angular_adjacent", "removal", "variance", "jacobian_summary", "jacobian_heatmaps"):
+    for fig in ("angular_heatmap", "angular_adjacent", "removal", "variance", "jacobian_summary", "jacobian_heatmaps",
+                "sublayers", "lens"):
         assert (tmp_path / "r" / rep["figures"][fig]).is_file()
     assert "diagnose" in rep["command"]
 

@@ -24,7 +24,8 @@ from depthlab.base.precision import default_compute_dtype
 from depthlab.cli import main
 from depthlab.targets.layerwise import open_layerwise
 
-OPTS = dict(tokens=96, seq_len=32, batch_size=2, jacobian=False, progress=False)
+# the block-level numbers both engines give (attention/MLP units and the lens are in-memory only)
+OPTS = dict(tokens=96, seq_len=32, batch_size=2, jacobian=False, progress=False, sublayers=False, lens=False)
 TOL = 1e-5
 
 

@@ -24,7 +24,7 @@ def test_probe_equals_naive_computations():
     ids = torch.randint(0, 50, (3, 12))
     labels = ids.roll(-1, 1)
     got = depth_probe(m, ids, labels)
-    assert set(got) == set(TRACKED) and all(len(v) == 5 for v in got.values())
+    assert set(got) == set(TRACKED) - {"layer_grad_norm"} and all(len(v) == 5 for v in got.values())
     with torch.no_grad():
         hs = m(ids, output_hidden_states=True).hidden_states
         base = m(ids, labels=labels).loss.item()
@@ -41,6 +41,29 @@ def test_probe_equals_naive_computations():
                 h = blk(h, m.rope(12, h.device))
             loss = torch.nn.functional.cross_entropy(m.head(h).flatten(0, 1), labels.flatten()).item()
         assert got["layer_removal"][l - 1] == pytest.approx(loss - base, abs=1e-4)
+        with torch.no_grad():  # the logit lens by hand: block l's output through the final norm and head
+            lens = m.head(hs[l])
+        lens_loss = torch.nn.functional.cross_entropy(lens.flatten(0, 1), labels.flatten()).item()
+        assert got["layer_lens_loss"][l - 1] == pytest.approx(lens_loss, abs=1e-5)
+        agree = (lens.argmax(-1) == m(ids).logits.argmax(-1)).double().mean().item()
+        assert got["layer_lens_agreement"][l - 1] == pytest.approx(agree, abs=1e-9)
+    assert got["layer_lens_agreement"][-1] == 1.0
+
+
+def test_grad_norms_equal_the_norm_of_each_blocks_gradient_and_reach_the_monitor():
+    from depthlab.analysis.diagnostics.probes import grad_norms
+    from depthlab.analysis.monitor import DepthMonitor
+
+    m = model().train()
+    ids = torch.randint(0, 50, (2, 9))
+    monitor = DepthMonitor(m, ids, every=1, removal=False)
+    assert grad_norms(m.blocks) is None and "depth/grad_norm/block_01" not in monitor.step(0)  # no gradient yet
+    m(ids[:, :-1], labels=ids[:, 1:]).loss.backward()
+    want = [math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in b.parameters())) for b in m.blocks]
+    assert grad_norms(m.blocks) == pytest.approx(want, rel=1e-5)
+    torch.optim.SGD(m.parameters(), lr=0.1).step()  # the loop's order: backward, step, probe, zero_grad
+    scalars = monitor.step(1)
+    assert [scalars[f"depth/grad_norm/block_0{b}"] for b in range(1, 6)] == pytest.approx(want, rel=1e-5)
 
 
 def test_norm_gain_is_the_mean_abs_weight_of_both_pre_norms():

@@ -16,7 +16,7 @@ import pytest
 lm_eval = pytest.importorskip("lm_eval")
 
 from depthlab.analysis.evaluate import builtin_mc_rows, evaluate, load_task_file, score_loglik  # noqa: E402
-from depthlab.analysis.evaluate.accuracy import _Codec  # noqa: E402
+from depthlab.analysis.evaluate.accuracy import Codec  # noqa: E402
 from depthlab.targets import load_target  # noqa: E402 - after the importorskip
 
 LM_EVAL_TASKS = {  # our format -> lm-eval's bundled yaml (relative to lm_eval/tasks)
@@ -79,7 +79,7 @@ def test_acc_and_acc_norm_match_lm_eval(tmp_path, task_files, tiny_hf_dir, monke
                          task_manager=TaskManager(include_path=str(ydir), include_defaults=False))
 
     target = load_target(str(tiny_hf_dir))
-    codec = _Codec(target)
+    codec = Codec(target)
     ours = evaluate(target, [str(p) for p in task_files.values()], batch_size=3, progress=False)
     for fmt, name in names.items():
         theirs, mine = ref["results"][name], ours[fmt]

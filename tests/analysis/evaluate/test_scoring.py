@@ -96,12 +96,12 @@ def test_score_generate_matches_extracted_words():
 def test_codec_bos_for_hf_models_only(tiny_hf_dir):
     from transformers import AutoTokenizer
 
-    from depthlab.analysis.evaluate.accuracy import _Codec
+    from depthlab.analysis.evaluate.accuracy import Codec
     from depthlab.data.tokenizers import AutoTokenizerWrapper
     from depthlab.targets import Target
 
     tok = AutoTokenizerWrapper(AutoTokenizer.from_pretrained(tiny_hf_dir), f"hf:{tiny_hf_dir}")
-    hf = _Codec(Target(_tiny(), "m", "hf-causal-lm", tok))
-    ours = _Codec(Target(_tiny(), "m", "depthlab", tok))  # a depthlab run trained with an hf: tokenizer
+    hf = Codec(Target(_tiny(), "m", "hf-causal-lm", tok))
+    ours = Codec(Target(_tiny(), "m", "depthlab", tok))  # a depthlab run trained with an hf: tokenizer
     assert hf.encode("the sun")[0] == 0 == hf.prefix_id  # BOS, as lm-eval's HFLM encodes
     assert ours.encode("the sun") == tok.encode("the sun") and ours.encode("the sun")[0] != 0

@@ -75,6 +75,9 @@ def test_the_callback_logs_every_nth_step_the_start_and_the_last(hf_run):
                    for b in range(1, L + 1))
         assert "depth_deepest_third/angular" in h
     assert [s for s, h in got.items() if block_tag("layer_removal", L, L) in h] == [0, 5]  # start, last (every 4th: 8)
+    # the gradient norms, kept before the Trainer's zero_grad: after each step, none before the first
+    assert [s for s, h in got.items() if block_tag("layer_grad_norm", 1, L) in h] == [2, 4, 5]
+    assert all(got[5][block_tag("layer_grad_norm", b, L)] > 0 for b in range(1, L + 1))
 
 
 def test_the_last_probe_equals_diagnose_of_the_saved_checkpoint_on_the_same_batch(hf_run):
@@ -94,8 +97,9 @@ def test_the_last_probe_equals_diagnose_of_the_saved_checkpoint_on_the_same_batc
         report["variance"]["variance"][1:], rel=1e-5)
     assert [last[block_tag("layer_removal", b, L)] for b in blocks] == pytest.approx(
         report["removal"]["delta_loss"], abs=1e-5)
+    assert [last[block_tag("layer_lens_loss", b, L)] for b in blocks] == pytest.approx(report["lens"]["loss"][1:], abs=1e-5)
     ref = depth_probe(target.model, x, y)  # diagnose has no contribution / norm gain: the tracking function
-    for key in ("layer_contribution", "layer_norm_gain"):
+    for key in ("layer_contribution", "layer_norm_gain", "layer_lens_loss", "layer_lens_agreement"):
         assert [last[block_tag(key, b, L)] for b in blocks] == pytest.approx(ref[key], rel=1e-5)
 
 

@@ -38,7 +38,7 @@ def test_monitor_equals_the_trainers_series_on_the_same_checkpoint_and_probe_bat
         assert monitor.step(step - 1) is None  # not a probe step
         scalars = monitor.step(step, last=step == 6)
         record = monitor.records[-1]
-        assert set(record) == set(lines[step])
+        assert set(record) == set(lines[step]) - {"layer_grad_norm"}  # a loaded checkpoint holds no gradient
         for key in TRACKED:
             if key in record:
                 assert record[key] == pytest.approx(lines[step][key], rel=1e-6, abs=1e-9), (step, key)

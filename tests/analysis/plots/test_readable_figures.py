@@ -46,7 +46,7 @@ def test_the_tracking_figure_names_each_scale_and_labels_every_block_range(tmp_p
     series["layer_removal"] = (steps[::2], [[0.3, *([0.001] * 47), -0.001]] * 2)
     depth_tracking(series, tmp_path / "t.png")
     axes = [ax for ax in figures[0].axes if ax.get_ylabel() == "block l"]
-    assert len(axes) == 5
+    assert len(axes) == len(HEATMAP_SCALES) == 8  # the five depth series, the two lens series, the gradient norms
     for ax in axes:
         assert "colour scale)" in ax.get_title()
         assert list(ax.get_yticks()) == ticks(49) and ax.get_xlim() == (0, 10)

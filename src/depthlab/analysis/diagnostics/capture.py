@@ -139,16 +139,22 @@ class ResidualCapture:
 
     # ------------------------------------------------------------------ replay
     @contextlib.contextmanager
-    def _patched(self, states: Sequence[torch.Tensor] | None, skip: Iterable[int]) -> Iterator[None]:
+    def _patched(self, states: Sequence[torch.Tensor] | None, skip: Iterable[int], start: int | None = None
+                 ) -> Iterator[None]:
         """Blocks in ``skip`` (1-based) pass their input on. With cached ``states``, the blocks before
-        the first of them are not computed either: block 1 emits the cached input of that block, the
-        others pass it on."""
+        the first of them (or before ``start``, when given) are not computed either: block 1 emits the
+        cached input of that block, the others pass it on."""
         skip = sorted(set(skip))
-        if not skip or skip[0] < 1 or skip[-1] > self.n_layers:
+        if (not skip and start is None) or (skip and (skip[0] < 1 or skip[-1] > self.n_layers)):
             raise ValueError(f"blocks to skip must lie in 1..{self.n_layers}, got {skip}")
+        if start is not None and (states is None or not 1 <= start <= self.n_layers + 1):
+            raise ValueError(f"start must lie in 1..{self.n_layers + 1} and come with cached states, got {start}")
         if not self._tuple_out:
             raise RuntimeError("call run() once before replaying")
-        first = skip[0] if states is not None else 1
+        first = (start if start is not None else skip[0]) if states is not None else 1
+        if first > self.n_layers:  # the last state itself: every block passes it on
+            skip, first = list(range(1, self.n_layers + 1)), self.n_layers
+            states = [*states[:-2], states[-1]]  # block L "receives" x^{L+1} and passes it on
         bypass = set(range(1, first)) | set(skip)
         saved: dict[int, Any] = {}
 
@@ -180,6 +186,23 @@ class ResidualCapture:
         """The model's output with the blocks in ``skip`` removed, reusing ``states`` (from :meth:`run`
         on the same ``input_ids``) so that only the blocks after the first removed one are computed."""
         with self._patched(states, skip):
+            return self.forward(input_ids)
+
+    @torch.no_grad()
+    def run_from(self, input_ids: torch.Tensor, states: Sequence[torch.Tensor], start: int) -> torch.Tensor | None:
+        """The model's output computed from the cached state ``states[start-1]`` (the input of block ``start``,
+        1-based; ``L + 1``: the last block's output): blocks ``start..L``, the final norm and the head run, the
+        blocks before it are not computed. Unchanged model: the full output. With a sublayer of block ``start``
+        zeroed (:func:`~depthlab.analysis.diagnostics.sublayers.zeroed`), the model without that sublayer."""
+        with self._patched(states, (), start=start):
+            return self.forward(input_ids)
+
+    @torch.no_grad()
+    def decode(self, input_ids: torch.Tensor, states: Sequence[torch.Tensor], index: int) -> torch.Tensor | None:
+        """The logit lens: ``states[index]`` (0: the input of block 1 .. L: the output of block L) decoded by the
+        model's own final norm and head, every block passed over (the model's forward, so soft-capping and any
+        other head code is the model's own). ``index = L`` gives the model's logits."""
+        with self._patched(states, range(index + 1, self.n_layers + 1), start=index + 1):
             return self.forward(input_ids)
 
     @torch.no_grad()

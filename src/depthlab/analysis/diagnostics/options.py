@@ -22,6 +22,8 @@ class DiagnoseOptions:
     batch_size: int = 8  # sequences per forward
     # ---- what to measure
     removal: bool = True  # the layer-removal sweep (causal LMs only)
+    sublayers: bool = True  # attention and MLP separately: contribution, angular distance, removal Δloss (causal LMs)
+    lens: bool = True  # the logit lens: each layer's stream decoded by the final norm and head (causal LMs)
     jacobian: bool = True  # block Jacobians (diagnose: on a GPU, or on a CPU for widths up to 256)
     jac_samples: int = 4  # sampled tokens per block
     jac_context: int = 32  # sampled positions lie in [0, jac_context): the cost grows with it

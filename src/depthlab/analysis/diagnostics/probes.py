@@ -15,6 +15,12 @@ numbers are ``diagnose``'s:
                          an LNS block can undo its 1/√l (None for blocks without such norms);
 - ``layer_removal``      Δloss on the probe batch when block l is skipped (prefix reuse), optional:
                          L partial forwards, the costly part on big models;
+- ``layer_lens_loss``, ``layer_lens_agreement``: the logit lens of block l's output (its loss on the probe batch,
+                         its top-1 agreement with the final layer; :mod:`~depthlab.analysis.diagnostics.lens`), with
+                         the removal sweep (L runs of the final norm and head: less than the sweep's L/2 forwards);
+- ``layer_grad_norm``    ‖∂loss/∂θ_l‖₂ over all of block l's parameters, of the step's gradient before clipping
+                         (:func:`grad_norms`): whether the gradient reaches the early blocks. The trainer and the
+                         monitor read it from the gradients a training step leaves, not from the probe batch.
 - ``depth_attention``    for Attention Residuals only: which earlier sources each sub-layer reads, the
                          readers' softmax weights averaged over the probe's tokens (a dict, not a per-block
                          list: :class:`~depthlab.analysis.diagnostics.depthmap.DepthMap`).
@@ -32,10 +38,12 @@ from torch import nn
 from depthlab.analysis.diagnostics.angular import AngularAccumulator, adjacent
 from depthlab.analysis.diagnostics.capture import ResidualCapture, find_layers
 from depthlab.analysis.diagnostics.depthmap import DepthMap
+from depthlab.analysis.diagnostics.lens import LensAccumulator
 from depthlab.analysis.diagnostics.removal import RemovalAccumulator
 from depthlab.analysis.diagnostics.variance import VarianceAccumulator
 
-TRACKED = ("layer_variance", "layer_angular", "layer_contribution", "layer_norm_gain", "layer_removal")
+TRACKED = ("layer_variance", "layer_angular", "layer_contribution", "layer_norm_gain", "layer_removal", "layer_lens_loss",
+           "layer_lens_agreement", "layer_grad_norm")
 PRE_NORMS = ("attn_norm", "ffn_norm")  # depthlab block slots; HF Llama: input_/post_attention_layernorm
 HF_PRE_NORMS = ("input_layernorm", "post_attention_layernorm")
 OTHER_PRE_NORMS = ("ln_1", "ln_2", "attention_norm")  # GPT-2 / nanoGPT blocks; torchtitan's (with ffn_norm)
@@ -87,9 +95,35 @@ def depth_probe(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor 
         acc = RemovalAccumulator(L)
         acc.update(capture, input_ids, labels, logits, states)
         out["layer_removal"] = acc.result()["delta_loss"]
+        lens = LensAccumulator(L)
+        lens.update(capture, input_ids, labels, logits, states)
+        lens_result = lens.result()
+        out["layer_lens_loss"], out["layer_lens_agreement"] = lens_result["loss"][1:], lens_result["agreement"][1:]
     if depth_map is not None:
         out["depth_attention"] = depth_map.result()
     return out
+
+
+def grad_norm_tensor(layers: Sequence[nn.Module]) -> torch.Tensor | None:
+    """(L,) float32 on the device: ‖grad‖₂ of each block's parameters together (0 for a block without gradients);
+    None when no parameter has a gradient. No host sync; sharded (DTensor) gradients are gathered."""
+    norms, seen = [], False
+    for layer in layers:
+        grads = [p.grad for p in layer.parameters() if p.grad is not None]
+        seen = seen or bool(grads)
+        parts = [torch.linalg.vector_norm(g.float()) for g in grads]
+        parts = [t.full_tensor() if hasattr(t, "full_tensor") else t for t in parts]
+        norms.append(torch.linalg.vector_norm(torch.stack(parts)) if parts else None)
+    if not seen:
+        return None
+    device = next(n for n in norms if n is not None).device
+    return torch.stack([n if n is not None else torch.zeros((), device=device) for n in norms])
+
+
+def grad_norms(layers: Sequence[nn.Module]) -> list[float] | None:
+    """:func:`grad_norm_tensor` as floats (one host sync); None when no gradient is there to read."""
+    t = grad_norm_tensor(layers)
+    return None if t is None else t.tolist()
 
 
 def deepest_third(n_layers: int) -> list[int]:

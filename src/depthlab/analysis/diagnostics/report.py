@@ -38,6 +38,11 @@ def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
         r = report["removal"]
         figs["removal"] = P.removal_drop(r["delta_loss"], out / "removal.png", r["base_loss"],
                                          report.get("mc", {}).get("delta_acc"), scheme=scheme)
+    if "sublayers" in report:
+        figs["sublayers"] = P.sublayer_units(report["sublayers"], out / "sublayers.png",
+                                             f"Attention and MLP of each block\n{name}")
+    if "lens" in report:
+        figs["lens"] = P.logit_lens(report["lens"], out / "logit_lens.png", f"Logit lens\n{name}")
     dm = report.get("depth_attention")
     if dm:
         figs["depth_attention"] = P.depth_attention_map(dm["weights"], dm["readers"], dm["sources"],
@@ -109,6 +114,44 @@ def _per_block_table(report: dict[str, Any]) -> str:
     return f'<div class="scroll"><table>{head}{rows}</table></div>'
 
 
+def _table(index: str, rows: range, cols: list[tuple[str, list]]) -> str:
+    head = f"<tr><th>{html.escape(index)}</th>" + "".join(f"<th>{html.escape(c)}</th>" for c, _ in cols) + "</tr>"
+    body = "".join("<tr><td>%d</td>%s</tr>" % (i, "".join(f"<td>{_fmt(v[k])}</td>" for _, v in cols))
+                   for k, i in enumerate(rows))
+    return f'<div class="scroll"><table>{head}{body}</table></div>'
+
+
+def _sublayer_section(report: dict[str, Any], out: Path, figs: dict[str, str]) -> list[str]:
+    """Attention and MLP of each block: the figure and a table."""
+    sub = report.get("sublayers")
+    if not sub:
+        return []
+    cols: list[tuple[str, list]] = []
+    for unit, label in (("attn", "attention"), ("mlp", "MLP")):
+        if "delta_loss" in sub[unit]:
+            cols.append((f"{label} Δ loss", sub[unit]["delta_loss"]))
+        cols += [(f"{label} contribution", sub[unit]["contribution"]), (f"{label} angular", sub[unit]["angular"])]
+    L = len(sub["attn"]["contribution"])
+    return ["<h2>Attention and MLP</h2>",
+            "<p>Each block's two branches as separate units. Δ loss: the held-out loss with that branch's output zeroed "
+            "(what zeroing its output projection does) minus the full model's; contribution: ‖branch‖ / ‖stream it is "
+            "added to‖; angular: d(stream before, stream after) of that branch alone, averaged over tokens.</p>",
+            _img(out, figs.get("sublayers"), "attention and MLP per block"), _table("block", range(1, L + 1), cols)]
+
+
+def _lens_section(report: dict[str, Any], out: Path, figs: dict[str, str]) -> list[str]:
+    """The logit lens: the figure and a table."""
+    lens = report.get("lens")
+    if not lens:
+        return []
+    cols = ([("held-out loss", lens["loss"])] if "loss" in lens else []) + [
+        ("top-1 agreement with the final layer", lens["agreement"]), ("KL(final ‖ lens)", lens["kl"])]
+    return ["<h2>Logit lens</h2>",
+            "<p>The residual stream after each block decoded by the model's own final norm and head, as if the model "
+            "stopped there (row 0: the embeddings; the last row is the model itself).</p>",
+            _img(out, figs.get("lens"), "logit lens"), _table("after block", range(len(lens["agreement"])), cols)]
+
+
 def _loss_row(loss: dict[str, Any] | None) -> list[tuple[str, Any]]:
     """The held-out loss with the perplexity of an LM or the top-1 accuracy of a classifier."""
     if not loss:
@@ -153,6 +196,7 @@ def render_html(report: dict[str, Any], out: Path) -> str:
             mc = report["mc"]
             parts.append(f"<p>Multiple choice ({html.escape(mc['file'])}, {mc['items']} items): "
                          f"acc {mc['acc']:.3f}, acc_norm {mc['acc_norm']:.3f}.</p>")
+    parts += _sublayer_section(report, out, figs) + _lens_section(report, out, figs)
     parts += ["<h2>Variance and residual norm</h2>", _img(out, figs.get("variance"), "variance")]
     if report.get("depth_attention"):
         parts += ["<h2>Depth attention (Attention Residuals)</h2>",

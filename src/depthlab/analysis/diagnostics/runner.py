@@ -24,9 +24,11 @@ from depthlab.analysis.diagnostics.angular import AngularAccumulator, adjacent, 
 from depthlab.analysis.diagnostics.capture import capture_of
 from depthlab.analysis.diagnostics.depthmap import DepthMap
 from depthlab.analysis.diagnostics.jacobian import block_jacobians
+from depthlab.analysis.diagnostics.lens import LensAccumulator
 from depthlab.analysis.diagnostics.mc import MCAccumulator, load_mc
 from depthlab.analysis.diagnostics.options import DiagnoseOptions
 from depthlab.analysis.diagnostics.removal import RemovalAccumulator, joint_removal_loss, nll_sum
+from depthlab.analysis.diagnostics.sublayers import SublayerAccumulator, check_sublayers
 from depthlab.analysis.diagnostics.summary import removable_blocks, summary_sentence
 from depthlab.analysis.diagnostics.variance import VarianceAccumulator
 from depthlab.base.errors import DepthlabError
@@ -121,6 +123,8 @@ class _Streamed:
     jac_seqs: list[torch.Tensor] = field(default_factory=list)  # the first jac_samples input rows
     base_loss: float = 0.0  # summed loss when there is no removal sweep (causal LMs)
     base_count: int = 0
+    sublayers: SublayerAccumulator | None = None  # causal LMs with opts.sublayers (in memory only)
+    lens: LensAccumulator | None = None  # causal LMs with opts.lens (in memory only)
 
 
 def _stream(cap, batches: TextBatches, target: Target, opts: DiagnoseOptions) -> _Streamed:
@@ -129,23 +133,36 @@ def _stream(cap, batches: TextBatches, target: Target, opts: DiagnoseOptions) ->
     L = cap.n_layers
     removal = RemovalAccumulator(L) if (opts.removal and target.causal) else None
     acc = _Streamed(AngularAccumulator(L + 1), VarianceAccumulator(L + 1), removal)
+    if opts.sublayers and target.causal:
+        try:
+            check_sublayers(cap.layers)
+            acc.sublayers = SublayerAccumulator(L, removal=removal is not None)
+        except DepthlabError as err:  # a family whose blocks name their branches otherwise: whole blocks only
+            log.info("no attention/MLP units for %s: %s", target.name, err)
+    acc.lens = LensAccumulator(L) if (opts.lens and target.causal) else None
     n_batches = -(-(batches.requested // batches.seq_len) // opts.batch_size)
-    passes = 1 + (L if removal is not None else 0)  # the captured forward, then one replay per removed block
-    desc = "residual stream" + (" + removal sweep" if removal else "")
+    # the captured forward, one replay per removed block, two per block's sublayers, one head per lens state
+    passes = 1 + (L if removal is not None else 0) + (2 * L if acc.sublayers and removal else 0) + (L + 1 if acc.lens else 0)
+    desc = "residual stream" + (" + removal sweep" if removal else "") + (" + sublayers" if acc.sublayers else "") + (
+        " + logit lens" if acc.lens else "")
     with _tqdm(n_batches * passes, desc, opts.progress, "pass") as bar:
         for x, y in batches:
-            logits, states = cap.run(x)
+            logits, states, calls = cap.run(x, keep_calls=True)
             bar.update(1)
             acc.angular.update(states)
             acc.variance.update(states)
             if removal is not None:
                 removal.update(cap, x, y, logits, states, on_layer=lambda: bar.update(1))
+            if acc.sublayers is not None:
+                acc.sublayers.update(cap, x, y, logits, states, calls, on_pass=lambda: bar.update(1))
+            if acc.lens is not None:
+                acc.lens.update(cap, x, y, logits, states, on_state=lambda: bar.update(1))
             elif target.causal:
                 s, n = nll_sum(logits, y)
                 acc.base_loss, acc.base_count = acc.base_loss + s, acc.base_count + n
             if len(acc.jac_seqs) < opts.jac_samples:
                 acc.jac_seqs.extend(row.detach() for row in x[: opts.jac_samples - len(acc.jac_seqs)])
-            del logits, states
+            del logits, states, calls
     if acc.angular.count == 0:
         raise DepthlabError(f"data {opts.data!r} gave no {batches.split} text to evaluate (empty, or shorter than one "
                             f"sequence of {batches.seq_len + int(target.causal)} tokens)")
@@ -185,6 +202,10 @@ def _stream_report(acc: _Streamed, target: Target, opts: DiagnoseOptions, batche
                                                      else {"ppl": r["base_ppl"]})}
     elif target.causal and acc.base_count:
         report["loss"] = {"loss": acc.base_loss / acc.base_count, "ppl": perplexity(acc.base_loss / acc.base_count)}
+    if acc.sublayers is not None:
+        report["sublayers"] = acc.sublayers.result()
+    if acc.lens is not None:
+        report["lens"] = acc.lens.result()
     return report
 
 

@@ -169,6 +169,9 @@ def _diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions, command: str
                        t0: float) -> dict[str, Any]:
     sweeper = Sweeper(target, settings)
     L = target.source.n_layers
+    if opts.sublayers or opts.lens:
+        log.info("the streamed engine measures whole blocks: no attention/MLP units and no logit lens (--no-stream "
+                 "gives them where the model fits memory)")
     batches, text = text_batches(target, opts)
     mc, mc_batches = _mc_batches(target, opts, L)
     streams = [Stream("base"), *(removal_streams(L) if opts.removal else [])]

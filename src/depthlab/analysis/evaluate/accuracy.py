@@ -10,17 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from depthlab.analysis.evaluate.options import SCORINGS
-from depthlab.analysis.evaluate.scoring import score_generate, score_loglik
+from depthlab.analysis.evaluate.scoring import score_exact_match, score_generate, score_loglik
 from depthlab.base.errors import DepthlabError, choices, first_line
 from depthlab.base.extras import needs
 from depthlab.base.progress import logs_to_stderr
 from depthlab.base.provenance import versions
 from depthlab.data.builtin_tasks import BUILTIN_TASKS, builtin_task
+from depthlab.data.gentasks import GEN_TASKS, GenTask, builtin_gen_task, is_gen_rows, load_gen_file
 from depthlab.data.tasks import Task, load_task_file, parse_rows
 
 log = logging.getLogger(__name__)
 
-TASK_FORMS = "a .jsonl file, " + ", ".join(BUILTIN_TASKS) + " or hf:NAME[:CONFIG[:SPLIT]]"
+TASK_FORMS = "a .jsonl file, " + ", ".join(BUILTIN_TASKS + GEN_TASKS) + " or hf:NAME[:CONFIG[:SPLIT]]"
 
 
 def _hf_task(spec: str, limit: int | None) -> Task:
@@ -38,8 +39,17 @@ def _hf_task(spec: str, limit: int | None) -> Task:
     return parse_rows(((f"{spec}[{i}]", dict(row)) for i, row in enumerate(ds)), spec, spec, limit)
 
 
-def load_tasks(specs: str | Sequence[str | Task], limit: int | None = None) -> list[Task]:
-    """Tasks from specs (a comma-separated string or a list): .jsonl files, builtin-mc, hf:NAME."""
+def _file_task(spec: str, limit: int | None) -> Task | GenTask:
+    """A task file: exact-match items (rows of ``prompt`` and ``answer``) or multiple choice (any other format)."""
+    from depthlab.base.fileio import read_json_records
+
+    first = next(iter(read_json_records(Path(spec), "task file")), (None, None))[1] if Path(spec).is_file() else None
+    return load_gen_file(spec, limit) if is_gen_rows(first) else load_task_file(spec, limit)
+
+
+def load_tasks(specs: str | Sequence[str | Task | GenTask], limit: int | None = None) -> list[Task | GenTask]:
+    """Tasks from specs (a comma-separated string or a list): .jsonl files, builtin-mc, builtin-arith, builtin-verses,
+    hf:NAME. Generative tasks (:class:`~depthlab.data.gentasks.GenTask`) are scored by exact match."""
     if isinstance(specs, str):
         specs = [s.strip() for s in specs.split(",") if s.strip()]
     if not specs:
@@ -50,12 +60,16 @@ def load_tasks(specs: str | Sequence[str | Task], limit: int | None = None) -> l
     for spec in specs:
         if isinstance(spec, Task):
             tasks.append(Task(spec.name, spec.format, spec.items[:limit], spec.source, spec.info))
+        elif isinstance(spec, GenTask):
+            tasks.append(GenTask(spec.name, spec.items[:limit], spec.source, spec.max_new_tokens, spec.info))
+        elif spec in GEN_TASKS:
+            tasks.append(builtin_gen_task(spec, limit))
         elif spec in BUILTIN_TASKS:
             tasks.append(builtin_task(spec, limit))
         elif spec.startswith("hf:"):
             tasks.append(_hf_task(spec, limit))
         elif Path(spec).suffix == ".jsonl" or Path(spec).is_file():
-            tasks.append(load_task_file(spec, limit))
+            tasks.append(_file_task(spec, limit))
         else:
             raise DepthlabError(f"unknown task {spec!r}; give {TASK_FORMS}")
     names = [t.name for t in tasks]
@@ -65,7 +79,7 @@ def load_tasks(specs: str | Sequence[str | Task], limit: int | None = None) -> l
     return tasks
 
 
-class _Codec:
+class Codec:
     """encode / decode / special ids of a Target, tokenizing as lm-eval's HFLM does for HF models
     (the tokenizer's own special tokens, e.g. BOS) and as depthlab trains for depthlab models."""
 
@@ -111,15 +125,24 @@ def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path 
         raise DepthlabError(f"--batch-size must be positive, got {batch_size}")
     tmpl = get_template(template)
     task_list = load_tasks(tasks, limit)
+    gen = [t.name for t in task_list if isinstance(t, GenTask)]
+    if gen and scoring != "generate":
+        raise DepthlabError(f"task {gen[0]!r} is generative (exact match of a continuation); score it with "
+                            "--scoring generate")
     from depthlab.targets.load import target_for
 
     target = target_for(target, stream=False)  # a path is loaded; a target read layer by layer is refused: scoring
     # runs the whole model on each batch
-    codec, fn, max_len = _Codec(target), target.forward_fn(), _max_length(target)
+    codec, fn, max_len = Codec(target), target.forward_fn(), _max_length(target)
     results: dict[str, dict[str, Any]] = {}
     generations: dict[str, list[dict[str, Any]]] = {}
     for task in task_list:
-        if scoring == "loglik":
+        if isinstance(task, GenTask):
+            res = score_exact_match(fn, task, codec.encode, codec.decode, eos_id=codec.eos_id, batch_size=batch_size,
+                                    max_new_tokens=max_new_tokens, max_length=max_len, pad_id=codec.pad_id,
+                                    device=target.device, progress=progress)
+            generations[task.name] = res.pop("outputs")
+        elif scoring == "loglik":
             res = score_loglik(fn, task, codec.encode, prefix_id=codec.prefix_id, batch_size=batch_size,
                                max_length=max_len, pad_id=codec.pad_id, device=target.device,
                                progress=progress).metrics()

@@ -15,10 +15,10 @@ class EvaluateOptions:
     """Options of :func:`depthlab.analysis.evaluate.evaluate` (``depthlab evaluate``)."""
 
     # ---- tasks
-    tasks: str | None = None  # comma-separated: FILE.jsonl, builtin-mc, hf:NAME[:CONFIG[:SPLIT]] (required)
+    tasks: str | None = None  # comma-separated: FILE.jsonl, builtin-mc, builtin-arith, builtin-verses, hf:NAME[:CONFIG[:SPLIT]]
     limit: int | None = None  # score the first N items of each task
     # ---- scoring
-    scoring: str = "loglik"  # loglik: lm-evaluation-harness's multiple choice | generate: LLM-Adapters' generate-and-match
+    scoring: str = "loglik"  # loglik: lm-eval's multiple choice | generate: generate-and-match (LLM-Adapters; exact match)
     batch_size: int = 8  # sequences per forward
     template: str = "alpaca"  # SFT prompt template for --scoring generate (alpaca, llm-adapters)
     max_new_tokens: int = 32  # generated tokens for --scoring generate

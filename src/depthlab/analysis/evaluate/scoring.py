@@ -202,3 +202,28 @@ def score_generate(fn: LogitsFn, task: Task, encode: Encode, decode: Callable[[l
     bar.close()
     return {"n": len(correct), "acc": sum(correct) / len(correct), "acc_stderr": mean_stderr(correct),
             "outputs": outputs}
+
+
+def score_exact_match(fn: LogitsFn, task: Any, encode: Encode, decode: Callable[[list[int]], str], *,
+                      eos_id: int | None, batch_size: int = 8, max_new_tokens: int = 32, max_length: int = 2048,
+                      pad_id: int = 0, device: torch.device | str = "cpu", progress: bool = True) -> dict[str, Any]:
+    """Exact-match accuracy of a generative task (:class:`~depthlab.data.gentasks.GenTask`): each prompt is continued
+    greedily, as it is (no SFT template: any base model), for at most ``min(max_new_tokens, task.max_new_tokens)``
+    tokens, and the continuation's first line must begin with the answer (:func:`~depthlab.data.gentasks.exact_match`)."""
+    from depthlab.data.gentasks import exact_match
+
+    n_new = min(max_new_tokens, task.max_new_tokens)
+    correct, outputs = [], []
+    bar = progress_bar(len(task.items), f"{task.name} (exact match)", "item", progress)
+    for a in range(0, len(task.items), batch_size):
+        chunk = task.items[a:a + batch_size]
+        gens = greedy_generate(fn, [encode(it.prompt) for it in chunk], max_new_tokens=n_new, eos_id=eos_id,
+                               pad_id=pad_id, max_length=max_length, device=device)
+        for it, g in zip(chunk, gens):
+            text = decode(g)
+            correct.append(float(exact_match(text, it.answer)))
+            outputs.append({"source": it.source, "output": text, "answer": it.answer, "correct": bool(correct[-1])})
+        bar.update(len(chunk))
+    bar.close()
+    return {"n": len(correct), "acc": sum(correct) / len(correct), "acc_stderr": mean_stderr(correct),
+            "outputs": outputs}

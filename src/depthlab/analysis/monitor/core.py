@@ -11,7 +11,10 @@ A probe is :func:`depthlab.analysis.diagnostics.probes.depth_probe`, the functio
 at its probe steps: one captured forward of the probe batch (in eval mode, without gradients; the model's
 train/eval flags are restored after) gives per block the output variance, the angular distance
 d(x^l, x^{l+1}), the contribution ‖x^{l+1} − x^l‖ / ‖x^l‖ and the pre-norm gain, and the removal sweep
-(L partial forwards reusing the captured states) the Δloss of skipping each block. The schedule is the
+(L partial forwards reusing the captured states) the Δloss of skipping each block, with the logit lens of each
+block's output; and from the gradients the training step left (still there when ``step`` runs after
+``optimizer.step()`` and before ``zero_grad``; else kept by :meth:`DepthMonitor.record_grads`) each block's
+gradient norm, ``depth/grad_norm/block_07``. The schedule is the
 trainer's too: a probe at every ``every``-th step and at the last, the removal sweep at every
 ``removal_every``-th of them (and at the start and the last); so on a depthlab model, with the trainer's
 probe batch, the series equal the ones the trainer writes to metrics.jsonl.
@@ -31,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from depthlab.analysis.diagnostics.probes import depth_probe
+from depthlab.analysis.diagnostics.probes import depth_probe, grad_norm_tensor
 from depthlab.analysis.monitor.names import probe_scalars
 from depthlab.base.errors import DepthlabError
 from depthlab.targets.layers import find_layers
@@ -137,7 +140,7 @@ class DepthMonitor:
 
     def __init__(self, model: nn.Module, probe_batch: ProbeBatch, every: int = 100, *, layers: LayersArg = None,
                  removal: bool = True, removal_every: int = 4,
-                 forward: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 forward: Callable[[torch.Tensor], torch.Tensor] | None = None, grad_norms: bool = True) -> None:
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise DepthlabError(f"every must be a positive number of steps, got {every!r}")
         if not isinstance(removal_every, int) or isinstance(removal_every, bool) or removal_every < 0:
@@ -152,6 +155,8 @@ class DepthMonitor:
         self.seconds = 0.0  # time spent probing
         self.timings: list[tuple[int, bool, float]] = []  # (step, with the removal sweep, seconds) per probe
         self.last_step: int | None = None
+        self.grad_norms = grad_norms  # add layer_grad_norm from the gradients the step left (record_grads, or at step())
+        self._grads: torch.Tensor | None = None  # kept by record_grads() for the next probe
 
     @property
     def n_layers(self) -> int:
@@ -185,6 +190,13 @@ class DepthMonitor:
                 m.training = was
             self.seconds += time.perf_counter() - t0
 
+    def record_grads(self) -> None:
+        """Keep each block's gradient norm now, for the next probe: call it between ``backward`` and the
+        optimizer's ``zero_grad`` when the probe runs after the gradients are gone (the HF callback does). Cheap
+        and without a host sync (a norm per parameter)."""
+        if self.grad_norms:
+            self._grads = grad_norm_tensor(self.layers)
+
     def step(self, step: int, last: bool = False) -> dict[str, float] | None:
         """After optimizer step ``step`` (0: before training): when a probe is due, run it, keep its
         record in :attr:`records` and return its scalars (:func:`depthlab.analysis.monitor.names.probe_scalars`);
@@ -196,7 +208,11 @@ class DepthMonitor:
         if not self.due(step, last):
             return None
         removal, before = self.removal_due(step, last), self.seconds
+        grads = self._grads if self._grads is not None else grad_norm_tensor(self.layers) if self.grad_norms else None
+        self._grads = None
         series = self.probe(removal=removal)
+        if grads is not None:  # the gradient of the step just taken (none before the first)
+            series["layer_grad_norm"] = grads.tolist()
         self.timings.append((step, removal, self.seconds - before))
         self.last_step = step
         self.records.append({"step": step, **series})

@@ -66,6 +66,13 @@ class DepthMonitorCallback(TrainerCallback):
         if self.at_start and state.global_step == 0:
             self._probe(0, last=False)
 
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        """The gradients exist only until the Trainer's ``zero_grad``, before ``on_step_end``: keep their per-block
+        norms now when the step about to end gets a probe."""
+        step = state.global_step + 1
+        if self.monitor is not None and self.monitor.due(step, last=step >= state.max_steps):
+            self.monitor.record_grads()
+
     def on_step_end(self, args, state, control, **kwargs):
         last = state.global_step >= state.max_steps or control.should_training_stop
         self._probe(state.global_step, last)

@@ -21,7 +21,8 @@ from depthlab.analysis.diagnostics.probes import deep_mean
 
 #: metrics.jsonl keys of per-block series -> the quantity's name in a tag.
 QUANTITIES = {"layer_angular": "angular", "layer_contribution": "contribution", "layer_variance": "variance",
-              "layer_norm_gain": "norm_gain", "layer_removal": "removal"}
+              "layer_norm_gain": "norm_gain", "layer_removal": "removal",
+              "layer_lens_loss": "lens_loss", "layer_lens_agreement": "lens_agreement", "layer_grad_norm": "grad_norm"}
 DEPTH, DEEP = "depth", "depth_deepest_third"
 
 

@@ -144,6 +144,60 @@ def jacobian_summary(layers: Sequence[int], rel_dist: Sequence[float], diag_shar
     return save(fig, path)
 
 
+def sublayer_units(sublayers: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path, title: str = "") -> Path:
+    """Per block, the attention and the MLP side by side: the removal Δloss of each (when measured, symlog) and the
+    contribution of each to the residual stream (‖branch‖ / ‖stream‖)."""
+    attn, mlp = sublayers["attn"], sublayers["mlp"]
+    L = same_lengths("sublayer figure", attn=attn["contribution"], mlp=mlp["contribution"])
+    panels = [("contribution", "‖branch‖ / ‖stream‖ (log)")]
+    if "delta_loss" in attn:
+        panels.insert(0, ("delta_loss", "Δ loss when removed (nats, symlog)"))
+    fig, axes = subplots(len(panels), 1, figsize=(6.4, 3.0 * len(panels)), sharex=True, squeeze=False)
+    x = np.arange(1, L + 1)
+    for ax, (key, label) in zip(axes[:, 0], panels):
+        ax.bar(x - 0.2, attn[key], width=0.4, color="tab:blue", label="attention")
+        ax.bar(x + 0.2, mlp[key], width=0.4, color="tab:orange", label="MLP")
+        if key == "delta_loss":
+            ax.set_yscale("symlog", linthresh=1e-3)
+            ax.axhline(0, color="k", lw=0.8)
+        else:
+            ax.set_yscale("log")
+        ax.set_ylabel(label, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    axes[0, 0].set_title(title or "Attention and MLP of each block", fontsize=10)
+    axes[-1, 0].set_xlabel("block l")
+    axes[-1, 0].set_xticks(ticks(L))
+    return save(fig, path)
+
+
+def logit_lens(lens: Mapping[str, Sequence[float]], path: str | Path, title: str = "") -> Path:
+    """The logit lens by layer: held-out loss of each layer's stream decoded by the final norm and head (the final
+    model's as a dashed line), and its top-1 agreement with the final layer and KL to it."""
+    n = same_lengths("logit lens figure", agreement=lens["agreement"], kl=lens["kl"])
+    x = np.arange(n)
+    panels = 2 if "loss" in lens else 1
+    fig, axes = subplots(panels, 1, figsize=(6.4, 3.0 * panels), sharex=True, squeeze=False)
+    if "loss" in lens:
+        ax = axes[0, 0]
+        ax.plot(x, lens["loss"], marker="o", ms=3, color="tab:blue")
+        ax.axhline(lens["loss"][-1], color="k", ls="--", lw=0.8, label=f"final layer {lens['loss'][-1]:.3f}")
+        ax.set_ylabel("held-out loss (nats)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    ax = axes[-1, 0]
+    ax.plot(x, np.asarray(lens["agreement"]) * 100, marker="o", ms=3, color="tab:green", label="top-1 = final (%)")
+    ax.set_ylabel("top-1 agreement with the final layer (%)", fontsize=9)
+    ax.set_ylim(0, 102)
+    ax.grid(alpha=0.3)
+    ax2 = ax.twinx()
+    ax2.plot(x, lens["kl"], color="tab:red", ls=":", marker=".", label="KL(final ‖ lens)")
+    ax2.set_ylabel("KL(final ‖ lens) (nats)", fontsize=9, color="tab:red")
+    axes[0, 0].set_title(title or "Logit lens: each layer decoded by the final norm and head", fontsize=10)
+    ax.set_xlabel("residual stream after block i (0 = embeddings)")
+    ax.set_xticks(ticks(n))
+
+
 def depth_attention_map(weights: Sequence[Sequence[float | None]], readers: Sequence[str], sources: Sequence[str],
                         path: str | Path, title: str = "") -> Path:
     """Attention Residuals' depth map: row = a reader (the input of ``attn l``, ``ffn l`` or the final norm),

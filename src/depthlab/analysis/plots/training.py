@@ -61,6 +61,9 @@ TRACKED_LABELS = {
     "layer_contribution": "‖x^{l+1} − x^l‖ / ‖x^l‖",
     "layer_norm_gain": "mean |γ| of the pre-norms",
     "layer_variance": "output variance",
+    "layer_lens_loss": "logit-lens loss after block l",
+    "layer_lens_agreement": "logit-lens top-1 = final",
+    "layer_grad_norm": "‖grad‖ of block l's parameters",
 }
 
 #: How each heatmap colours its values, and what its title says about it. Block 1 (or the last block's variance)
@@ -70,6 +73,7 @@ TRACKED_LABELS = {
 HEATMAP_SCALES = {
     "layer_angular": "log", "layer_contribution": "log", "layer_variance": "log",
     "layer_removal": "symlog", "layer_norm_gain": "centred at 1",
+    "layer_lens_loss": "log", "layer_grad_norm": "log", "layer_lens_agreement": "linear",
 }
 
 
@@ -87,6 +91,9 @@ def _norm(key: str, v: np.ndarray) -> tuple[Any, str]:
         top = float(np.abs(finite).max()) if finite.size else 1.0
         linthresh = max(top * 1e-3, 1e-12)  # three decades below the largest |Δloss| shown on the log part
         return colors.SymLogNorm(linthresh=linthresh, vmin=-top, vmax=top, base=10), "RdBu_r"
+    if scale == "linear":
+        return colors.Normalize(vmin=float(finite.min()) if finite.size else 0.0,
+                                vmax=float(finite.max()) if finite.size else 1.0), "viridis"
     spread = float(np.abs(finite - 1.0).max()) if finite.size else 0.0
     spread = spread or 1e-3
     return colors.TwoSlopeNorm(vcenter=1.0, vmin=1.0 - spread, vmax=1.0 + spread), "PuOr_r"

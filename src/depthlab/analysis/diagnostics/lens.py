@@ -1,0 +1,88 @@
+"""The logit lens: what each layer's residual stream would predict if the model stopped there.
+
+    acc = LensAccumulator(L)
+    logits, states = capture.run(x)
+    acc.update(capture, x, y, logits, states)
+    acc.result()   # {"loss": [L+1], "agreement": [L+1], "kl": [L+1], ...}; index i = after block i (0: embeddings)
+
+State i (x^{i+1}: the embeddings for i = 0, the output of block i otherwise) is decoded by the model's *own*
+final norm and head: :meth:`~depthlab.analysis.diagnostics.capture.ResidualCapture.decode` replays the model's
+forward with every block passed over and the cached state fed in, so soft-capping, tied heads or a scaled
+final norm are the model's code, not a copy. At i = L the lens is the model's logits. Per state:
+
+- ``loss``: the held-out next-token loss of the decoded logits;
+- ``agreement``: the fraction of tokens whose top-1 prediction equals the final layer's;
+- ``kl``: KL(final ‖ lens), nats per token, how far the decoded distribution is from the model's.
+
+A late-rising ``agreement`` means the deep layers still change the prediction; an early plateau that they only
+refine it (Csordás et al. 2025 read the second half of Llama 3.1's layers this way). Cost per batch: L + 1 runs
+of the final norm and head, no block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from depthlab.analysis.diagnostics.capture import ResidualCapture
+from depthlab.analysis.diagnostics.removal import nll_sum
+from depthlab.base.metrics import perplexity
+from depthlab.data.batches import IGNORE_INDEX
+
+
+class LensAccumulator:
+    """Logit-lens loss, top-1 agreement with the final layer and KL to it, for states 0..L, summed over batches."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.n_layers = n_layers
+        n = n_layers + 1
+        self.loss, self.agree, self.kl = [0.0] * n, [0] * n, [0.0] * n
+        self.count = 0  # counted labels
+        self.tokens = 0  # positions compared with the final layer
+
+    @torch.no_grad()
+    def update(self, capture: ResidualCapture, input_ids: torch.Tensor, labels: torch.Tensor | None,
+               logits: torch.Tensor, states: Sequence[torch.Tensor], on_state: Callable[[], None] | None = None) -> None:
+        final = logits.float()
+        final_logp = F.log_softmax(final, dim=-1)
+        top = final.argmax(-1)
+        for i in range(self.n_layers + 1):
+            lens = final if i == self.n_layers else capture.decode(input_ids, states, i).float()
+            if labels is not None:
+                self.loss[i] += nll_sum(lens, labels)[0]
+            self.agree[i] += int((lens.argmax(-1) == top).sum())
+            logp = F.log_softmax(lens, dim=-1)
+            self.kl[i] += float((final_logp.exp() * (final_logp - logp)).sum(dtype=torch.float64))
+            del lens, logp
+            if on_state is not None:
+                on_state()
+        if labels is not None:
+            self.count += int((labels != IGNORE_INDEX).sum())
+        self.tokens += int(top.numel())
+
+    def result(self) -> dict[str, Any]:
+        if self.tokens == 0:
+            raise ValueError("no tokens were added")
+        out: dict[str, Any] = {
+            "layout": "index i = the residual stream after block i (0: the embeddings, L: the last block's output), "
+                      "decoded by the model's final norm and head",
+            "agreement": [a / self.tokens for a in self.agree],
+            "kl": [k / self.tokens for k in self.kl],
+            "tokens": self.tokens,
+        }
+        if self.count:
+            out["loss"] = [s / self.count for s in self.loss]
+            out["ppl"] = [perplexity(x) for x in out["loss"]]
+        return out
+
+
+@torch.no_grad()
+def logit_lens(capture: ResidualCapture, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, Any]:
+    """The logit lens of one batch (``input_ids`` (B, T), next-token ``labels`` (B, T) or None)."""
+    logits, states = capture.run(input_ids)
+    acc = LensAccumulator(capture.n_layers)
+    acc.update(capture, input_ids, labels, logits, states)
+    return acc.result()

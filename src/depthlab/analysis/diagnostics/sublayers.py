@@ -1,0 +1,159 @@
+"""Attention and MLP as separate units: where a block's two branches end, and what each one does.
+
+    attn, mlp = branch_ends(layer)                # the modules whose outputs are added to the residual stream
+    with zeroed(attn):                            # block l without its attention branch (its MLP still runs)
+        logits = capture.run_from(x, states, l)   # the model without block l's attention, blocks < l not recomputed
+    acc = SublayerAccumulator(L)                  # per block: removal Δloss, contribution, angular distance of each
+
+A sublayer is removed by zeroing its branch's output, which is what zeroing its output projection's weights
+(``o_proj`` / ``down_proj``, and their biases) does to a Hugging Face checkpoint: the residual stream then passes
+through that half of the block unchanged. Where the branches end is one table (:data:`BRANCH_ENDS`): depthlab
+blocks name theirs (``attn_out`` / ``ffn_out``, after any Sandwich / Peri-LN output norm or LNS scale), HF decoder
+layers keep the attention and MLP as ``self_attn`` / ``mlp`` (Llama, Mistral, Qwen2/3, Gemma, OLMo, Phi-3, ...),
+GPT-2 as ``attn`` / ``mlp``, Falcon/GPT-NeoX as ``self_attention`` / ``mlp`` and Mixtral's MoE as
+``block_sparse_moe``.
+
+Per block l, from the cached input x^l (one captured forward):
+
+- ``mid``  = block l with its MLP branch zeroed, applied to x^l: x^l plus the attention branch
+  (one block evaluation per block: the cost of one more forward);
+- ``contribution``: attention ‖mid − x^l‖ / ‖x^l‖, MLP ‖x^{l+1} − mid‖ / ‖mid‖, per token, averaged;
+- ``angular``: attention d(x^l, mid), MLP d(mid, x^{l+1}) (arccos(cos)/π averaged over tokens, as eq. 1);
+- ``delta_loss`` (with the removal sweep): the held-out loss with that branch zeroed minus the full model's,
+  blocks l..L re-run from the cached x^l (2 partial forwards per block, as many as the block sweep's 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from depthlab.analysis.diagnostics.capture import LayerCall, ResidualCapture
+from depthlab.analysis.diagnostics.removal import nll_sum
+from depthlab.base.errors import DepthlabError
+from depthlab.data.batches import IGNORE_INDEX
+
+UNITS = ("attn", "mlp")  # the sublayer units, in block order
+
+#: (attention branch end, MLP branch end) attribute names of a block, tried in order; the first pair it has wins.
+BRANCH_ENDS: tuple[tuple[str, str], ...] = (
+    ("attn_out", "ffn_out"),  # depthlab PreNormBlock / PostNormBlock slots (after the branch's output norm or scale)
+    ("self_attn", "mlp"),  # HF Llama, Mistral, Qwen2/3, Gemma, OLMo, Phi-3, ...
+    ("self_attn", "block_sparse_moe"),  # Mixtral
+    ("attn", "mlp"),  # GPT-2, nanoGPT
+    ("self_attention", "mlp"),  # Falcon, GPT-NeoX-style
+    ("attention", "feed_forward"),  # torchtitan's Llama
+)
+
+
+def branch_ends(layer: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(attention, MLP) branch-end modules of ``layer``; DepthlabError naming the layer type when it has neither."""
+    for attn, mlp in BRANCH_ENDS:
+        a, m = getattr(layer, attn, None), getattr(layer, mlp, None)
+        if isinstance(a, nn.Module) and isinstance(m, nn.Module):
+            return a, m
+    pairs = ", ".join(f"{a}/{m}" for a, m in BRANCH_ENDS)
+    raise DepthlabError(f"{type(layer).__name__} keeps no attention and MLP branch that depthlab knows ({pairs}); "
+                        "cannot measure or remove sublayers of it")
+
+
+def check_sublayers(layers: Sequence[nn.Module]) -> None:
+    """Refuse, before any work, blocks without a known attention and MLP branch (hyper-connection blocks, which mix
+    several residual streams, and encoders such as BERT, whose attention module holds its own residual and norm)."""
+    for layer in layers:
+        branch_ends(layer)
+
+
+def _zero_like(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return torch.zeros_like(out)
+    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+        return type(out)([torch.zeros_like(out[0]), *out[1:]])
+    raise DepthlabError(f"a sublayer returned {type(out).__name__}; cannot zero it")
+
+
+@contextlib.contextmanager
+def zeroed(*modules: nn.Module) -> Iterator[None]:
+    """While inside, each of ``modules`` returns zeros of its output's shape (its branch is removed)."""
+    handles = [m.register_forward_hook(lambda _m, _a, out: _zero_like(out)) for m in modules]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def unit_modules(layers: Sequence[nn.Module], unit: str) -> list[nn.Module]:
+    """The branch-end module of ``unit`` (attn or mlp) of every layer."""
+    if unit not in UNITS:
+        raise DepthlabError(f"unknown sublayer unit {unit!r}; choose one of: {', '.join(UNITS)}")
+    return [branch_ends(layer)[UNITS.index(unit)] for layer in layers]
+
+
+class SublayerAccumulator:
+    """Per block and unit (attention, MLP): contribution and angular distance of its branch, and with
+    ``removal`` the summed held-out loss with the branch zeroed, over batches."""
+
+    def __init__(self, n_layers: int, removal: bool = True) -> None:
+        self.n_layers, self.removal = n_layers, removal
+        zeros = lambda: {u: [0.0] * n_layers for u in UNITS}  # noqa: E731
+        self.contribution, self.angular, self.removed = zeros(), zeros(), zeros()
+        self.base = 0.0
+        self.count = 0  # tokens (contribution, angular)
+        self.labels_count = 0  # counted labels (loss)
+
+    @torch.no_grad()
+    def update(self, capture: ResidualCapture, input_ids: torch.Tensor, labels: torch.Tensor | None,
+               logits: torch.Tensor | None, states: Sequence[torch.Tensor], calls: Sequence[LayerCall],
+               on_pass: Callable[[], None] | None = None) -> None:
+        """One batch: ``states`` and ``calls`` from ``capture.run(input_ids, keep_calls=True)``."""
+        n_tok = states[0].shape[0] * states[0].shape[1]
+        if self.removal and labels is not None:
+            self.base += nll_sum(logits, labels)[0]
+        for l in range(1, self.n_layers + 1):
+            layer = capture.layers[l - 1]
+            attn, mlp = branch_ends(layer)
+            x, out = states[l - 1], states[l]
+            with zeroed(mlp):
+                mid = calls[l - 1](layer, x)
+            for unit, (a, b) in zip(UNITS, ((x, mid), (mid, out))):
+                ratio, angle = _contribution_and_angle(a, b)
+                self.contribution[unit][l - 1] += ratio
+                self.angular[unit][l - 1] += angle
+            if self.removal and labels is not None:
+                for unit, module in zip(UNITS, (attn, mlp)):
+                    with zeroed(module):
+                        self.removed[unit][l - 1] += nll_sum(capture.run_from(input_ids, states, l), labels)[0]
+                    if on_pass is not None:
+                        on_pass()
+        self.count += n_tok
+        if self.removal and labels is not None:
+            self.labels_count += int((labels != IGNORE_INDEX).sum())
+
+    def result(self) -> dict[str, Any]:
+        if self.count == 0:
+            raise ValueError("no tokens were added")
+        out: dict[str, Any] = {"units": list(UNITS), "tokens": self.count}
+        for unit in UNITS:
+            entry = {"contribution": [v / self.count for v in self.contribution[unit]],
+                     "angular": [v / self.count for v in self.angular[unit]]}
+            if self.removal and self.labels_count:
+                base = self.base / self.labels_count
+                entry["loss"] = [v / self.labels_count for v in self.removed[unit]]
+                entry["delta_loss"] = [v - base for v in entry["loss"]]
+                out["base_loss"] = base
+            out[unit] = entry
+        return out
+
+
+def _contribution_and_angle(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """Summed over tokens: ‖b − a‖ / ‖a‖ and arccos(cos(a, b))/π (float64)."""
+    a, b = a.double().flatten(0, -2), b.double().flatten(0, -2)
+    ratio = (b - a).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-30)
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=-1, eps=1e-30).clamp(-1.0, 1.0)
+    return float(ratio.sum()), float(cos.acos().sum() / math.pi)
