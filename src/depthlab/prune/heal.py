@@ -88,10 +88,13 @@ def _checkpointing(model: nn.Module, opts: HealOptions) -> bool:
     if want is None:
         free = available_memory(next(model.parameters()).device)
         want = free is not None and need > free / 4
-    if want and not callable(getattr(model, "gradient_checkpointing_enable", None)):
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x; before: gradient_...
+    if want and not callable(enable) and not callable(getattr(model, "gradient_checkpointing_enable", None)):
         log.info("activation checkpointing: %s has none; healing without it", type(model).__name__)
         return False
-    if want:
+    if want and callable(enable):
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif want:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     log.info("activation checkpointing %s (activations estimated at %.2f GiB)", "on" if want else "off", need / 2**30)
     return bool(want)
@@ -122,7 +125,7 @@ def heal(model: nn.Module, tokenizer: Any, opts: HealOptions) -> tuple[nn.Module
             bar.update(1)
     net.eval()
     if checkpointing:
-        model.gradient_checkpointing_disable()
+        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
     trained = sum(p.numel() for p in params)
     if opts.mode == "lora":
         net = net.merge_and_unload()

@@ -24,7 +24,7 @@ class HealOptions:
     warmup: int = 10  # steps of linear warm-up
     lora_rank: int = 16  # rank of the LoRA adapters
     seed: int = 0  # data order and adapter init
-    checkpoint: bool | None = None  # recompute each block's activations in the backward; default: when they would take over 1/4 of free memory
+    checkpoint: bool | None = None  # recompute activations in the backward (default: when they exceed 1/4 of free memory)
     progress: bool = True  # a progress bar
 
     def validate(self) -> None:
@@ -58,7 +58,7 @@ class PruneOptions:
     latency_tokens: int = 16  # new tokens generated for the latency measurement
     progress: bool = True  # progress bars
     # ---- engine
-    stream: bool | None = None  # read the model layer by layer (no latency; it heals with LoRA, only the kept blocks loaded); default: when it exceeds free memory
+    stream: bool | None = None  # read the model layer by layer (no latency; LoRA healing); default: when it exceeds free memory
 
     def validate(self, n_layers: int | None = None) -> None:
         """Refuse a bad request in one line naming the flag and the value: without ``n_layers`` what needs no
