@@ -25,6 +25,9 @@ import torch
 import depthlab as d
 from depthlab.analysis.diagnostics import AngularAccumulator, RemovalAccumulator, ResidualCapture, find_layers, nll_sum
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_out import result_path  # noqa: E402  (sibling module)
+
 
 def _sync(dev):
     if dev.type == "cuda":
@@ -51,7 +54,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
+                    "--out benchmarks/results updates the committed one)")
     return ap.parse_args()
 
 
@@ -137,8 +141,7 @@ def main() -> None:
     head = cfg.vocab_size / (4 * cfg.d_model + 3 * cfg.d_ff) * 1.0  # head cost in block units (per token, matmul FLOPs)
     res["flop_model_removal_ratio"] = round((L * (L - 1) / 2 + L * head + L + head) / (L * (L - 1) + L * head + L + head), 3)
     print(json.dumps(res, indent=1))
-    out = Path(args.out or Path(__file__).parent / "results" / f"diagnostics_cost_{dev.type}_{args.preset}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = result_path(f"diagnostics_cost_{dev.type}_{args.preset}.json", args.out)
     out.write_text(json.dumps(res, indent=1) + "\n")
 
 

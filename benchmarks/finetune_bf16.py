@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from streamed_8b import RESULTS, ROOT, _smollm2_dir, depthlab, machine, run_child  # noqa: E402
+from bench_out import result_path  # noqa: E402
+from streamed_8b import _smollm2_dir, depthlab, machine, run_child  # noqa: E402
 
 VARIANTS = {"fp32": ["--dtype", "fp32"], "bf16-weights": ["--dtype", "bf16"],
             "autocast": ["--dtype", "bf16", "--weights", "fp32"]}  # autocast: only with --autocast (slow on a CPU)
@@ -47,6 +48,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--autocast", action="store_true", help="also the bf16-autocast variant (slow on a CPU)")
     ap.add_argument("--out", help="where the runs write (default ~/.cache/depthlab/bench/finetune-bf16-runs)")
+    ap.add_argument("--result", help="result folder or .json file (default outside the checkout; --result "
+                    "benchmarks/results updates the committed one)")
     ap.add_argument("--cache-dir", default=None, help="the SmolLM2 safetensors directory (made when missing)")
     args = ap.parse_args()
     load_before = list(os.getloadavg())
@@ -85,10 +88,10 @@ def main() -> None:
                                 "wall": round(r["wall_s"] / base["wall_s"], 3),
                                 "eval_loss_delta": round(r["eval_loss"] - base["eval_loss"], 4)} for name, r in runs.items()}
     record["machine"]["load_average"], record["machine"]["load_average_after"] = load_before, list(os.getloadavg())
-    path = RESULTS / "finetune_bf16_cpu.json"
+    path = result_path("finetune_bf16_cpu.json", args.result)
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(json.dumps(record["vs_fp32"], indent=1))
-    print(f"wrote {path.relative_to(ROOT)}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

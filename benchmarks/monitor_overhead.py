@@ -42,6 +42,9 @@ from depthlab.base.provenance import versions
 from depthlab.hf import apply_layernorm_scaling
 from depthlab.hf.convert import hf_config_for
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_out import result_path  # noqa: E402  (sibling module)
+
 
 class Windows(torch.utils.data.Dataset):
     def __init__(self, rows: torch.Tensor) -> None:
@@ -118,7 +121,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--tmp", type=Path, default=Path("/tmp/depthlab_monitor_overhead"))
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    p.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
+                   "--out benchmarks/results updates the committed one)")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -136,8 +140,7 @@ def main() -> None:
         "versions": versions(), "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
         **summarise(a, runs), "load_before": load_before, "load_after": os.getloadavg(), "runs": runs,
     }
-    a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / "monitor_overhead_cpu.json"
+    path = result_path("monitor_overhead_cpu.json", a.out)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"train step {result['train_step_s'] * 1e3:.0f} ms; probe {result['probe_s_without_removal'] * 1e3:.0f} ms "
           f"({result['probe_s_with_removal'] * 1e3:.0f} ms with the removal sweep)")

@@ -9,7 +9,7 @@ Every implementation gets the same parameters and gradients; each round steps ea
 rotating order (interleaved); the time of an implementation = the median over ``--repeats`` rounds.
 ``--compiled`` adds a ``torch.compile``d foreach step (tensor lr, ``capturable=True``, so that a new lr
 each step does not recompile); its compile time is recorded. Writes
-``benchmarks/results/optimizer_step_<device>_<preset>.json`` unless ``--out``.
+``optimizer_step_<device>_<preset>.json`` outside the checkout (``--out benchmarks/results``: the committed one).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from pathlib import Path
 import torch
 
 import depthlab
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_out import result_path  # noqa: E402  (sibling module)
 
 
 def optimizers(params: list[torch.Tensor], grads: list[torch.Tensor], compiled: bool) -> tuple[dict, float | None]:
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--compiled", action="store_true", help="also a compiled foreach step (minutes to compile on a CPU)")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
+                   "--out benchmarks/results updates the committed one)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -84,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
               "tensors": len(params), "median_ms": {n: 1000 * v for n, v in med.items()},
               "speedup_of_fused_over": {n: v / med["fused"] for n, v in med.items()}, "compile_s": compile_s,
               "seconds_all": times, "loadavg_before_after": [load, list(os.getloadavg())]}
-    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"optimizer_step_{device.type}_{args.preset}.json"
+    out = result_path(f"optimizer_step_{device.type}_{args.preset}.json", args.out)
     out.write_text(json.dumps(report, indent=2) + "\n")
     for n in names:
         print(f"{n:<17} {1000 * med[n]:9.1f} ms   fused is {med[n] / med['fused']:.2f}x faster")

@@ -51,8 +51,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_out import result_path  # noqa: E402  (sibling module)
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 SHAPES = {
     "8b": dict(n_layers=32, d_model=4096, d_ff=14336, n_heads=32, n_kv_heads=8, vocab=128256, rope_theta=500000.0,
                max_pos=8192, remove=8),
@@ -489,7 +491,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="timed repetitions (smollm2: interleaved rounds)")
     ap.add_argument("--cache-dir", help="where the checkpoint is written (default ~/.cache/depthlab/bench/...)")
     ap.add_argument("--out", help="where the runs write (default ~/.cache/depthlab/bench/...-runs)")
-    ap.add_argument("--result", help="result JSON (default benchmarks/results/streamed_<mode>_cpu.json)")
+    ap.add_argument("--result", help="result folder or .json file (default streamed_<mode>_cpu.json outside the "
+                    "checkout; --result benchmarks/results updates the committed one)")
     args = ap.parse_args()
     if args.tokens is None and not (args.smollm2 or args.rows or args.rows_ab):
         args.tokens = 256
@@ -507,8 +510,7 @@ def main() -> None:
         result = run_big(mode, args)
     record = {"command": "python " + shlex.join(["benchmarks/streamed_8b.py", *sys.argv[1:]]), **machine(), **result}
     record["machine"]["load_average"], record["machine"]["load_average_after"] = load_before, list(os.getloadavg())
-    path = Path(args.result or RESULTS / f"streamed_{mode}_cpu.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = result_path(f"streamed_{mode}_cpu.json", args.result)
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(json.dumps({k: v for k, v in record.items() if k not in ("versions",)}, indent=1, default=str)[:6000])
     print(f"wrote {path}")

@@ -11,7 +11,8 @@ tracking; and ``tracking_default``, the trainer's default schedule (removal at e
 rotating), so machine noise hits all; the
 medians give the overhead at the default probe interval (``variance_every = steps // 20``, one extra
 probe at step 0): overhead = (steps // every + 1) · t_probe / (steps · t_step).
-Writes results/tracking_overhead_<device>_<preset>.json with the command, versions and raw timings.
+Writes tracking_overhead_<device>_<preset>.json (outside the checkout unless ``--out benchmarks/results``) with the
+command, versions and raw timings.
 """
 
 from __future__ import annotations
@@ -34,13 +35,17 @@ from depthlab.train.evaluator import Evaluator
 from depthlab.train.optim import build_optimizer
 from depthlab.train.step import Forward
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_out import result_path  # noqa: E402  (sibling module)
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="tiny")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    p.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
+                   "--out benchmarks/results updates the committed one)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -97,8 +102,7 @@ def main() -> None:
         "total_probe_overhead": {k: n_probes * med[k] / (steps * med["train_step"]) for k in variants},
         "load_before": load_before, "load_after": os.getloadavg(), "raw_s": times,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"tracking_overhead_cpu_{args.preset}.json"
+    path = result_path(f"tracking_overhead_cpu_{args.preset}.json", args.out)
     path.write_text(json.dumps(result, indent=1) + "\n")
     for k in variants:
         print(f"{k:22s} probe {med[k] * 1e3:7.1f} ms = {med[k] / med['train_step']:.2f} steps; "

@@ -70,6 +70,9 @@ import torch.nn.functional as F
 
 import depthlab
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_out import result_path  # noqa: E402  (sibling module)
+
 #: Dense peak tensor-core TFLOP/s by (device-name fragment, dtype); first match wins.
 #: Sources: NVIDIA H100 / H200 / A100 / L4 data sheets ("with sparsity" figures halved).
 PEAK_TFLOPS: list[tuple[str, str, float]] = [
@@ -411,7 +414,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset field (e.g. n_layers=2)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/...)")
+    p.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
+                   "--out benchmarks/results updates the committed one)")
     p.add_argument("--budget-s", type=float, default=None, help="wall-time budget: variants not warmed up and rounds "
                    "not started by then are left out, and what was measured is written (default: none)")
     args = p.parse_args(argv)
@@ -497,8 +501,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = measure(args)
     if argv is not None:
         report["command"] = "python benchmarks/train_throughput.py " + " ".join(shlex.quote(a) for a in argv)
-    out = Path(args.out) if args.out else (
-        Path(__file__).parent / "results" / f"train_throughput_{report['device_type']}_{args.preset}.json")
+    out = result_path(f"train_throughput_{report['device_type']}_{args.preset}.json", args.out)
     from depthlab.base.fileio import write_json_atomic
 
     write_json_atomic(out, report)

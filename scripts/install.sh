@@ -21,10 +21,12 @@ fi
 
 if [[ "${1:-}" == "--dev" ]]; then
   pip_install -e ".[dev]"
-  # OLMo-core 3.0.0 for the block-parity tests (tests/models/schemes/test_olmo_parity.py): --no-deps, because its
-  # declared pins clash with ours (filelock<4, rich<14, huggingface-hub<2); then the few imports it needs.
-  pip_install --no-deps "ai2-olmo-core==3.0.0" "cached-path==1.8.10" "bettermap==1.3.1" "dataclass-extensions==0.5.0"
+  # OLMo-core 3.0.0 for the block-parity tests (tests/models/schemes/test_olmo_parity.py): the few imports it needs
+  # first, then OLMo-core itself --no-deps and last, because its declared pins clash with ours (filelock<4, rich<14,
+  # huggingface-hub<2): installed in this order pip has no conflict to report (installed before it, every later
+  # install printed pip's "dependency resolver" ERROR about those pins, which reads as a failure and is none).
   pip_install boto3 google-cloud-storage dill
+  pip_install --no-deps "ai2-olmo-core==3.0.0" "cached-path==1.8.10" "bettermap==1.3.1" "dataclass-extensions==0.5.0"
 else
   pip_install -e ".[gguf,parquet,vit,lora]"
 fi

@@ -27,3 +27,18 @@ def test_nothing_cites_a_file_outside_the_repository():
 def test_generated_docs_are_in_sync_with_the_code():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "update_docs.py"), "--check"], cwd=ROOT)
     assert out.returncode == 0, "run: python scripts/update_docs.py"
+
+
+def test_benchmarks_write_outside_the_checkout_unless_asked():
+    """No benchmark script writes into benchmarks/results (tracked) by default: each asks bench_out.result_path,
+    whose default folder lies outside the repository."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_out", ROOT / "benchmarks" / "bench_out.py")
+    bench_out = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_out)
+    assert ROOT.resolve() not in bench_out.result_path("x.json").resolve().parents
+    assert bench_out.result_path("x.json", ROOT / "benchmarks" / "results") == ROOT / "benchmarks" / "results" / "x.json"
+    for script in sorted(p for p in (ROOT / "benchmarks").glob("*.py") if p.name != "bench_out.py"):
+        text = script.read_text()
+        assert '/ "results"' not in text and "RESULTS" not in text, f"{script.name} writes into the checkout"

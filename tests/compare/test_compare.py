@@ -83,9 +83,12 @@ def test_every_scheme_sees_the_same_batches_in_the_same_order(finished):
         assert torch.equal(a, b)
 
 
-def test_resume_skips_finished_runs(finished, tmp_path, monkeypatch):
+def test_resume_skips_finished_runs(finished, tmp_path, monkeypatch, caplog):
     out, result, _ = finished
+    import logging
     import shutil
+
+    caplog.set_level(logging.INFO, logger="depthlab")
 
     resumed = tmp_path / "cmp"
     shutil.copytree(out, resumed)
@@ -96,6 +99,12 @@ def test_resume_skips_finished_runs(finished, tmp_path, monkeypatch):
     monkeypatch.setattr(C, "train", lambda model_cfg, *a, **k: calls.append(model_cfg.scheme) or original(model_cfg, *a, **k))
     again = compare(small_config(), resumed, command="pytest")
     assert calls == ["lns"]
+    said = [r.getMessage() for r in caplog.records]
+    assert "compare: started (2 runs, 1 done before)" in said
+    assert any(l.startswith("compare: done, 1 run (to 2/2) in") for l in said)
+    assert any(l.startswith("pre-seed0: trained by an earlier compare, reusing") for l in said)
+    assert not any("lns-seed0: trained by an earlier" in l for l in said)  # the run it has just trained
+    assert any(l.startswith("training lns-seed0: step 3/6 (50%)") for l in said)
     pre_row = next(r for r in again["table"] if r["scheme"] == "pre")
     assert pre_row["eval_loss"] == next(r for r in result["table"] if r["scheme"] == "pre")["eval_loss"]
     lns_row = next(r for r in again["table"] if r["scheme"] == "lns")
@@ -215,10 +224,21 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     assert not (tmp_path / "o").exists()
 
 
-def test_runs_side_by_side_give_the_same_numbers(finished, tmp_path):
-    """jobs=2 trains the runs in parallel worker processes (one thread each): same table."""
+def test_runs_side_by_side_give_the_same_numbers(finished, tmp_path, caplog, capfd):
+    """jobs=2 trains the runs in parallel worker processes (one thread each): same table. Each worker's training
+    progress reaches the shared (non-terminal) stderr as lines; the compare logs a line per finished run."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="depthlab")
     _, result, _ = finished
-    parallel = compare(dataclasses.replace(small_config(), jobs=2), tmp_path / "par", quiet=True)
+    parallel = compare(dataclasses.replace(small_config(), jobs=2), tmp_path / "par")
+    workers = capfd.readouterr().err.splitlines()
+    for run in ("pre-seed0", "lns-seed0"):
+        assert any(l.startswith(f"training {run}: step 3/6 (50%), loss") and "ETA" in l for l in workers), run
+        assert any(l.startswith(f"{run}: diagnosed in") for l in workers), run
+    said = [r.getMessage() for r in caplog.records]
+    assert any(l.startswith("compare: run 1/2 (50%), finished ") and "ETA" in l for l in said)
+    assert not any("trained by an earlier compare" in l for l in said)
     for a, b in zip(result["runs"], parallel["runs"]):
         assert a["scheme"] == b["scheme"] and a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-6)
         assert a["deep_angular"] == pytest.approx(b["deep_angular"], rel=1e-5)
@@ -241,3 +261,23 @@ def test_each_run_is_diagnosed_on_the_device_it_trained_on(finished, tmp_path, m
     monkeypatch.setattr(C, "load_target", lambda name, device="cpu", **k: loaded.append(device) or real_load(name, device, **k))
     compare(small_config(), resumed, command="pytest")
     assert asked == ["cpu"] and loaded == [torch.device("cpu")]
+
+
+@pytest.mark.parametrize("argv, diag_data", [
+    (["--data", "my.txt"], "my.txt"),  # diagnosed on the text the runs trained on (its held-out split)
+    (["--data", "my.txt", "--diag-data", "builtin"], "builtin"),  # unless told otherwise
+    ([], "builtin"),
+])
+def test_a_compare_is_diagnosed_on_its_training_data_unless_told_otherwise(argv, diag_data):
+    """The diagnosis used to read the built-in Bible whatever --data the runs trained on: a compare on the
+    open-english corpus was diagnosed on 34k Bible tokens. Flags, the library's default and ViT presets agree."""
+    from depthlab.cli import build_parser
+    from depthlab.cli.compare import build_config
+
+    args = build_parser().parse_args(["compare", "--schemes", "pre,lns", "--out", "x", *argv])
+    cfg = build_config(args)
+    assert cfg.diagnose.data == diag_data and cfg.diagnose.tokens == 16384
+    lib = CompareConfig(schemes=["pre"], train=TrainConfig(data="my.txt"))
+    assert lib.diagnose.data == "my.txt" and lib.diagnose.tokens == 16384 and not lib.diagnose.progress
+    vit = CompareConfig(schemes=["pre"], preset="vit-tiny", train=TrainConfig(data="digits"))
+    assert vit.diagnose.data == DiagnoseOptions().data  # ViT runs diagnose on their own held-out images

@@ -19,7 +19,8 @@ def small():
 
 def cfg(steps, **kw):
     return TrainConfig(data="builtin", tokenizer="bytes", steps=steps, seq_len=SEQ, batch_size=4, lr=3e-3,
-                       variance_every=3, eval_every=0, eval_tokens=1024, probe_batch_size=PROBE, **kw)
+                       variance_every=3, eval_every=0, eval_tokens=1024, probe_batch_size=PROBE,
+                       **{"track_removal": True, **kw})
 
 
 def stop_at(step):

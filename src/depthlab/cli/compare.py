@@ -7,7 +7,7 @@ import argparse
 from depthlab.analysis.diagnostics.options import DiagnoseOptions
 from depthlab.cli._args import schemes_epilog
 from depthlab.cli._options import Section, add_config_flag
-from depthlab.compare.config import CompareConfig, Downstream
+from depthlab.compare.config import CompareConfig, Downstream, diagnose_defaults
 from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, WEIGHT_DTYPES, TrainConfig
 
 USAGE = """\
@@ -40,7 +40,9 @@ TRAIN = Section("train", TrainConfig, exclude=("seed",), title="training (every 
                 helps={"data": "training data (default builtin: the King James Bible; ViT presets: digits, or a folder "
                                "of class sub-folders, or hf:NAME)"})
 DIAGNOSE = Section("diagnose", DiagnoseOptions, prefix="diag-", exclude=("progress", "stream"), rename={"jacobian": "jacobian"},
-                   title="diagnosis (every run)", helps={"tokens": "held-out tokens for the diagnostics (default 16384)"})
+                   title="diagnosis (every run)",
+                   helps={"tokens": "held-out tokens for the diagnostics (default 16384)",
+                          "data": "text to diagnose on (default: the training --data, its held-out split)"})
 DOWNSTREAM = Section("downstream", Downstream, prefix="finetune-", title="downstream (paper Table 2): fine-tune each "
                      "run, then evaluate it", rename={"finetune": "finetune", "tasks": "eval", "limit": "eval-limit",
                                                       "eval_batch_size": "task-batch-size"})
@@ -80,7 +82,8 @@ def build_config(args) -> CompareConfig:
     train = TRAIN.given(args)
     if "data" not in train:
         train["data"] = "digits" if family_of_preset(given.get("preset", "tiny")).name == "vit" else "builtin"
-    diagnose = DiagnoseOptions(**{"tokens": 16384, **DIAGNOSE.given(args), "progress": False})
+    preset = given.get("preset", "tiny")
+    diagnose = DiagnoseOptions(**{**diagnose_defaults(preset, train["data"]), **DIAGNOSE.given(args), "progress": False})
     return CompareConfig(**given, model_overrides=parse_overrides(args.model_set), train=TrainConfig(**train),
                          diagnose=diagnose, downstream=Downstream(**DOWNSTREAM.given(args)))
 
@@ -95,7 +98,7 @@ def run_and_print(cfg: CompareConfig, out: str, command: str) -> int:
 
     def progress(scheme: str, seed: int, row: dict) -> None:
         metric = f"ppl {row['eval_ppl']:.2f}" if "eval_ppl" in row else f"top-1 {100 * row['eval_acc']:.2f} %"
-        logging.getLogger("depthlab").info("done %s seed %d: held-out loss %.4f, %s", scheme, seed,
+        logging.getLogger("depthlab").info("%s seed %d: held-out loss %.4f, %s", scheme, seed,
                                            row["eval_loss"], metric)
 
     path = Path(out)

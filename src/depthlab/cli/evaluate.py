@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from depthlab.analysis.evaluate.options import SCORINGS, EvaluateOptions
 from depthlab.base.devices import DEVICE_HELP
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = load_tasks(opts.tasks, opts.limit)  # every task is read and checked before the model loads
     device, weights, compute = device_precision(args)
     target = load_target(args.target, device=device, dtype=weights, compute_dtype=compute, scheme=args.scheme)
-    results = evaluate(target, tasks, out=out, **opts.scoring_kwargs(), progress=opts.progress and sys.stderr.isatty(),
+    results = evaluate(target, tasks, out=out, **opts.scoring_kwargs(), progress=opts.progress,
                        command=command_line(args.argv))
     print(markdown_table(results), end="")
     print(f"results: {out / 'eval.json'}   (table: {out / 'eval.md'})")

@@ -66,6 +66,16 @@ class Downstream:
                            seq_len=self.seq_len, seed=seed, device=device, pack=False, eval_every=0, variance_every=0)
 
 
+def diagnose_defaults(preset: str, train_data: str | None) -> dict[str, Any]:
+    """What a compare diagnoses its runs on unless told otherwise: 16384 held-out tokens of the text they trained on
+    (its validation split, as ``diagnose`` reads a depthlab run), so a compare on your data is diagnosed on your
+    data, not the built-in corpus. ViT runs diagnose on their own held-out images whatever ``data`` says."""
+    from depthlab.models.families import family_of_preset
+
+    lm = family_of_preset(preset).name == "lm"
+    return {"tokens": 16384, "progress": False, **({"data": train_data} if lm and train_data else {})}
+
+
 @dataclass
 class CompareConfig:
     """Every (scheme variant, seed) run is trained with ``train``, diagnosed with ``diagnose`` and, when
@@ -77,7 +87,7 @@ class CompareConfig:
     seeds: list[int] = field(default_factory=lambda: [0])  # one run per scheme and seed
     jobs: int = 1  # runs trained side by side, the machine's cores split between them
     train: TrainConfig = field(default_factory=TrainConfig)  # shared training settings (seed set per run)
-    diagnose: DiagnoseOptions = field(default_factory=lambda: DiagnoseOptions(tokens=16384, progress=False))
+    diagnose: DiagnoseOptions | None = None  # None: 16384 tokens of the training data's held-out text (diagnose_defaults)
     downstream: Downstream = field(default_factory=Downstream)  # --finetune / --eval (compare.downstream)
 
     def __post_init__(self) -> None:
@@ -85,6 +95,8 @@ class CompareConfig:
         from depthlab.models.schemes import SchemeSpec, parse_scheme_spec
 
         self.schemes = [s if isinstance(s, SchemeSpec) else parse_scheme_spec(s) for s in self.schemes]
+        if self.diagnose is None:
+            self.diagnose = DiagnoseOptions(**diagnose_defaults(self.preset, self.train.data))
 
     @property
     def labels(self) -> list[str]:

@@ -22,6 +22,7 @@ import json
 import logging
 import shutil
 import statistics
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,12 +32,13 @@ from depthlab.analysis.monitor.trackers import compare_group, log_compare
 from depthlab.base.devices import resolve_device
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish_dir, write_json_atomic, write_text_atomic
+from depthlab.base.progress import duration, progress, user_logging
 from depthlab.base.store.checkpoint import list_checkpoints
 from depthlab.compare.config import CompareConfig
 from depthlab.compare.curves import compare_tracking_markdown
 from depthlab.compare.downstream import downstream_markdown, downstream_table, run_downstream
 from depthlab.compare.parallel import run_in_parallel
-from depthlab.compare.table import COLUMNS, markdown_table
+from depthlab.compare.table import COLUMNS, markdown_table, resolved_run_config
 from depthlab.models.schemes import BASELINE_SCHEME, SchemeSpec
 from depthlab.train import train
 
@@ -54,14 +56,16 @@ def run_dirname(scheme: SchemeSpec, seed: int) -> str:
 
 
 # ------------------------------------------------------------------------------------- running
-def _train_run(cfg: CompareConfig, scheme: SchemeSpec, seed: int, run_dir: Path, quiet: bool, command: str | None) -> dict:
+def _train_run(cfg: CompareConfig, scheme: SchemeSpec, seed: int, run_dir: Path, quiet: bool, command: str | None,
+               earlier: bool = True) -> dict:
+    """The run's summary: trained now, or read back (``earlier``: a run an earlier compare trained, said so)."""
     if (run_dir / "summary.json").is_file():
-        log.info("%s: already trained, reusing %s", run_name(scheme, seed), run_dir)
+        if earlier:
+            log.info("%s: trained by an earlier compare, reusing %s", run_name(scheme, seed), run_dir)
         return json.loads((run_dir / "summary.json").read_text())
     resume = (run_dir / "config.json").is_file() and bool(list_checkpoints(run_dir))
     if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)  # a run that died before its first checkpoint: nothing to keep
-    log.info("%s: %s", run_name(scheme, seed), "resuming" if resume else "training")
     group = compare_group(cfg.train, run_dir.parent.parent)  # trackers: the runs of a compare in one group
     return train(cfg.model_config(scheme), cfg.train.replace(seed=seed, **({"run_group": group} if group else {})),
                  run_dir, resume=resume, quiet=quiet, command=command)
@@ -71,17 +75,21 @@ def _diagnose_run(cfg: CompareConfig, run_dir: Path, command: str | None) -> dic
     out = run_dir / "diagnostics"
     if (out / "report.json").is_file():
         return json.loads((out / "report.json").read_text())
+    t0 = time.perf_counter()
+    tokens = f"{cfg.diagnose.tokens:,}" if cfg.diagnose.tokens else "the default number of"
+    log.info("%s: diagnosing (%s held-out tokens)", run_dir.name, tokens)
     target = load_target(str(run_dir), device=resolve_device(cfg.train.device))  # where it trained (fp32 weights)
     report = diagnose(target, cfg.diagnose, command=command)
     shutil.rmtree(out, ignore_errors=True)  # a report cut short, as an older depthlab wrote them in place
     with publish_dir(out) as tmp:  # whole or not at all: a report.json here means a whole report
         write_report(report, tmp)
+    log.info("%s: diagnosed in %s", run_dir.name, duration(time.perf_counter() - t0))
     return json.loads((out / "report.json").read_text())
 
 
 def train_and_diagnose(cfg: CompareConfig, scheme: SchemeSpec, seed: int, run_dir: Path, command: str | None) -> str:
     """One run, trained then diagnosed (what a ``--jobs`` worker does); returns its name."""
-    _train_run(cfg, scheme, seed, run_dir, True, command)
+    _train_run(cfg, scheme, seed, run_dir, False, command, earlier=False)
     _diagnose_run(cfg, run_dir, command)
     return run_name(scheme, seed)
 
@@ -173,7 +181,14 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     ``cfg.jobs`` runs at a time (``depthlab.compare.parallel``).
 
     Reuses every run a previous call with the same settings finished (interrupted, or with fewer schemes
-    or seeds); the summary covers this call's schemes and seeds."""
+    or seeds); the summary covers this call's schemes and seeds. Progress: each run's training, and a line per
+    finished run with the ETA of the rest (``depthlab.base.progress``; ``quiet``: none)."""
+    with user_logging(quiet):
+        return _compare(cfg, out_dir, quiet, command, on_run)
+
+
+def _compare(cfg: CompareConfig, out_dir: str | Path, quiet: bool, command: str | None,
+             on_run: Callable[[str, int, dict], None] | None) -> dict[str, Any]:
     cfg.validate()
     out = Path(out_dir)
     settings = cfg.to_dict()
@@ -182,20 +197,32 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(saved_path, {"settings": settings, "command": command})
 
-    todo = [(sc, seed, out / "runs" / run_dirname(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes
-            if not (out / "runs" / run_dirname(sc, seed) / "diagnostics" / "report.json").is_file()]
-    run_in_parallel(train_and_diagnose, cfg, todo, cfg.jobs, command, label=run_name)
-    rows, runs = [], {}
-    for seed in cfg.seeds:
-        for scheme in cfg.schemes:
-            run_dir = out / "runs" / run_dirname(scheme, seed)
-            summary = _train_run(cfg, scheme, seed, run_dir, quiet, command)
+    every = [(sc, seed, out / "runs" / run_dirname(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes]
+    todo = [run for run in every if not (run[2] / "diagnostics" / "report.json").is_file()]
+    fresh: set[str] = set()  # the runs this call trains
+    # a line per finished run (never a bar: the runs' own progress shows between these lines)
+    with progress(len(every), "compare", "run", not quiet, initial=len(every) - len(todo), every_s=0.0,
+                  lines=True) as tally:
+
+        def finished(name: str) -> None:
+            fresh.add(name)
+            tally.postfix(finished=name)
+            tally.update(1)
+            tally.postfix(finished=None)
+
+        run_in_parallel(train_and_diagnose, cfg, todo, cfg.jobs, command, label=run_name, on_done=finished)
+        rows, runs = [], {}
+        for scheme, seed, run_dir in every:
+            name = run_name(scheme, seed)
+            summary = _train_run(cfg, scheme, seed, run_dir, quiet, command, earlier=(scheme, seed, run_dir) not in todo)
             report = _diagnose_run(cfg, run_dir, command)
+            if name not in fresh and (scheme, seed, run_dir) in todo:
+                finished(name)
             row = run_row(scheme, seed, summary, report)
             if cfg.downstream.active:
                 row["downstream"] = run_downstream(cfg.downstream, run_dir, seed, cfg.train.device, quiet, command)
             rows.append(row)
-            runs[run_name(scheme, seed)] = str(run_dir.relative_to(out))
+            runs[name] = str(run_dir.relative_to(out))
             if on_run is not None:
                 on_run(row["scheme"], seed, row)
 
@@ -206,7 +233,8 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     if cfg.downstream.active:
         result["downstream"] = downstream_table(rows, labels)
     write_json_atomic(out / "summary.json", result)
-    md = _summary_md(cfg, table, command) + compare_tracking_markdown(result, out, BASELINE_SCHEME)
+    md = _summary_md(cfg, table, command, resolved_run_config(result, out)["train"]) + \
+        compare_tracking_markdown(result, out, BASELINE_SCHEME)
     write_text_atomic(out / "summary.md", md + downstream_markdown(result))
     from depthlab.compare.page import write_compare_report  # late: matplotlib only when drawing
 
@@ -216,13 +244,13 @@ def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, com
     return result
 
 
-def _summary_md(cfg: CompareConfig, table: list[dict[str, Any]], command: str | None) -> str:
-    t = cfg.train
+def _summary_md(cfg: CompareConfig, table: list[dict[str, Any]], command: str | None, t: dict[str, Any]) -> str:
+    """summary.md's head and table; ``t``: the resolved training settings every run used."""
     return "\n".join([
         f"# depthlab compare: {', '.join(cfg.labels)} on {cfg.preset}",
         "",
-        f"data `{t.data}`, steps {t.steps or 'preset default'}, seeds {cfg.seeds}; "
-        f"deepest third = the last max(1, round(L/3)) blocks.",
+        f"data `{t['data']}`, tokenizer `{t.get('tokenizer')}`, {t['steps']} steps of {t['batch_size']} × "
+        f"{t['seq_len']} tokens, lr {t['lr']:g}, seeds {cfg.seeds}; deepest third = the last max(1, round(L/3)) blocks.",
         "",
         markdown_table(table),
         "",

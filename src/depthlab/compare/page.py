@@ -11,7 +11,7 @@ from depthlab.base import htmlpage as H
 from depthlab.base.fileio import write_text_atomic
 from depthlab.compare.curves import first_seed_runs, run_metrics, tracked_series
 from depthlab.compare.downstream import downstream_html
-from depthlab.compare.table import COLUMNS, format_cell, shown_columns
+from depthlab.compare.table import COLUMNS, format_cell, resolved_run_config, shown_columns
 from depthlab.models.schemes import BASELINE_SCHEME
 
 
@@ -49,24 +49,17 @@ def write_compare_report(result: dict[str, Any], out: str | Path) -> dict[str, s
 
 def render(result: dict[str, Any], out: Path, figs: dict[str, str]) -> str:
     s = result["settings"]
-    t = s["train"]
     keys = shown_columns(result["table"])
     table = H.table(["scheme", *(COLUMNS[k][0] for k in keys)],
                     [[row["scheme"], *(format_cell(row, k) for k in keys)] for row in result["table"]])
     acc = any("eval_acc" in r for r in result["runs"])  # ViT compares: accuracy and images, not ppl and tokens
-    per_run = H.table(["run", "held-out loss", "top-1 acc" if acc else "ppl", "images" if acc else "tokens",
+    per_run = H.table(["run", "held-out loss", "top-1 accuracy (%)" if acc else "ppl", "images" if acc else "tokens",
                        "train wall (s)", "diagnosis summary"],
                       [[f"{r['scheme']} seed {r['seed']}", f"{r['eval_loss']:.4f}",
-                        f"{r['eval_acc']:.4f}" if acc else f"{r['eval_ppl']:.2f}", f"{r['tokens']:,}",
+                        f"{100 * r['eval_acc']:.2f}" if acc else f"{r['eval_ppl']:.2f}", f"{r['tokens']:,}",
                         f"{r['wall_s']:.0f}",
                         _summary_of(out / result["run_dirs"][f"{r['scheme']}-seed{r['seed']}"])] for r in result["runs"]])
-    setup = H.kv_table([("schemes", ", ".join(s["schemes"])), ("preset", s["preset"]),
-                        ("model overrides", s["model_overrides"] or None), ("seeds", s["seeds"]),
-                        ("data", t["data"]), ("tokenizer", t["tokenizer"] or "default"),
-                        ("steps", t["steps"] or "preset default"),
-                        ("sequence length / batch", f"{t['seq_len'] or 'default'} / {t['batch_size'] or 'default'}"),
-                        ("learning rate", t["lr"] or "preset default"),
-                        ("diagnosis tokens", s["diagnose"]["tokens"])])
+    setup = H.kv_table(setup_rows(result, out))
     deep = result["runs"][0].get("deep_blocks")
     body = [
         f"<h1>depthlab compare — {H.esc(', '.join(s['schemes']))} on {H.esc(s['preset'])}</h1>",
@@ -92,6 +85,36 @@ def render(result: dict[str, Any], out: Path, figs: dict[str, str]) -> str:
              '<p class="muted">Each run directory holds its own config.json, metrics.jsonl, summary.json and '
              "diagnostics/report.html.</p>"]
     return H.page(f"depthlab compare — {', '.join(s['schemes'])}", body)
+
+
+def setup_rows(result: dict[str, Any], out: Path) -> list[tuple[str, Any]]:
+    """The set-up table: the values every run actually used (the first run's resolved config.json: learning rate,
+    steps, sequence length, batch, tokenizer, schedules), each marked "(default)" when the compare left it unset."""
+    s = result["settings"]
+    given = s["train"]
+    run = resolved_run_config(result, out)
+    t, m = run["train"], run.get("model", {})
+
+    def shown(key: str, text: Any = None) -> str:
+        value = t.get(key) if text is None else text
+        return f"{value} (default)" if given.get(key) is None else str(value)
+
+    warm = t.get("warmup") or 0
+    warmup = f"{warm:g} of the steps" if 0 < warm < 1 else f"{int(warm)} steps"
+    tokens = t.get("eval_tokens") or 0
+    evaluation = (f"{tokens:,} tokens" if tokens > 1 else "every held-out image") + ", " + \
+        (f"every {t['eval_every']} steps and at the end" if t.get("eval_every") else "at the end")
+    probes = (f"every {t['variance_every']} steps" if t.get("variance_every") else "none") + \
+        (", removal sweep " + ("on" if t.get("track_removal") else "off") if t.get("variance_every") else "")
+    return [("schemes", ", ".join(s["schemes"])), ("preset", s["preset"]),
+            ("model", f"{m['n_layers']} blocks, width {m['d_model']}" if "n_layers" in m else None),
+            ("model overrides", s["model_overrides"] or None), ("seeds", s["seeds"]),
+            ("data", t.get("data")), ("tokenizer", shown("tokenizer")), ("steps", shown("steps")),
+            ("sequence length", shown("seq_len")), ("batch (sequences)", shown("batch_size")),
+            ("learning rate", shown("lr", f"{t['lr']:g}")),
+            ("warm-up, then cosine to", shown("warmup", f"{warmup}, then lr × {t.get('min_lr_ratio')}")),
+            ("held-out evaluation", shown("eval_tokens", evaluation)), ("depth probes", shown("variance_every", probes)),
+            ("diagnosis tokens", f"{s['diagnose']['tokens']:,}" if s["diagnose"].get("tokens") else "default")]
 
 
 def _summary_of(run_dir: Path) -> str:

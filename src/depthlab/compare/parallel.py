@@ -58,12 +58,19 @@ def _exit_with(parent_pid: int) -> None:
     threading.Thread(target=watch, name="depthlab-parent-watch", daemon=True).start()
 
 
-def _worker(conn: Any, threads: int, work: Callable[..., str], args: tuple, parent_pid: int | None = None) -> None:
-    """One run in a fresh process; sends ("ok", name) or ("error", one line) back."""
+def _worker(conn: Any, threads: int, work: Callable[..., str], args: tuple, parent_pid: int | None = None,
+            level: int = logging.WARNING) -> None:
+    """One run in a fresh process; sends ("ok", name) or ("error", one line) back. Its progress goes to the
+    shared stderr as log lines (bars of two processes would overwrite each other), at the parent's ``level``."""
     import torch
+
+    from depthlab.base.progress import use_log_lines
 
     if parent_pid is not None:
         _exit_with(parent_pid)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("depthlab").setLevel(level)
+    use_log_lines()
     torch.set_num_threads(threads)
     try:
         conn.send(("ok", work(*args)))
@@ -99,13 +106,14 @@ def _ended(proc: Any, conn: Any, label: str) -> str | None:
 
 
 def run_in_parallel(work: Callable[..., str], cfg: Any, todo: list[tuple[str, int, Path]], jobs: int,
-                    command: str | None, label: Callable[[str, int], str] = lambda s, seed: f"{s}-seed{seed}") -> None:
+                    command: str | None, label: Callable[[str, int], str] = lambda s, seed: f"{s}-seed{seed}",
+                    on_done: Callable[[str], None] | None = None) -> None:
     """``work(cfg, scheme, seed, run_dir, command)`` (a module-level function: workers import it by
     name) for every (scheme, seed, run_dir) of ``todo``, ``jobs`` at a time, each in its own process.
 
     A worker that fails or dies (``kill -9``, the OOM killer) stops only its own run: the others go on to the
     end, and then one DepthlabError names every run that did not finish (each resumes when the command is run
-    again: its checkpoints are kept)."""
+    again: its checkpoints are kept). ``on_done(label)`` is called for every run that finished."""
     if jobs < 2 or len(todo) < 2:
         return
     jobs = min(jobs, len(todo))
@@ -120,7 +128,8 @@ def run_in_parallel(work: Callable[..., str], cfg: Any, todo: list[tuple[str, in
                 scheme, seed, run_dir = pending.pop(0)
                 parent, child = ctx.Pipe(duplex=False)
                 run_args = (cfg, scheme, seed, run_dir, command)
-                proc = ctx.Process(target=_worker, args=(child, threads, work, run_args, os.getpid()), daemon=False)
+                level = logging.getLogger("depthlab").getEffectiveLevel()
+                proc = ctx.Process(target=_worker, args=(child, threads, work, run_args, os.getpid(), level), daemon=False)
                 proc.start()
                 child.close()
                 running[proc.sentinel] = (proc, parent, label(scheme, seed))
@@ -129,7 +138,10 @@ def run_in_parallel(work: Callable[..., str], cfg: Any, todo: list[tuple[str, in
                 proc.join()
                 why = _ended(proc, conn, name)
                 if why is None:
-                    log.info("%s: trained and diagnosed", name)
+                    if on_done is not None:
+                        on_done(name)
+                    else:
+                        log.info("%s: trained and diagnosed", name)
                 else:
                     log.warning("%s", why)
                     failed.append(why)

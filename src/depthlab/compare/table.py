@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 from depthlab.models.schemes import BASELINE_SCHEME
@@ -17,13 +19,16 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "eval_loss": ("held-out loss", "{:.4f}"),
     "eval_ppl": ("perplexity", "{:.2f}"),
     "delta_ppl_vs_pre": (f"Δ ppl vs {BASELINE_SCHEME}", "{:+.2f}"),
-    "eval_acc": ("held-out top-1 accuracy", "{:.4f}"),  # ViTs (classifiers) instead of perplexity
-    "delta_acc_vs_pre": (f"Δ acc vs {BASELINE_SCHEME}", "{:+.4f}"),
+    "eval_acc": ("held-out top-1 accuracy (%)", "{:.2f}"),  # ViTs (classifiers) instead of perplexity
+    "delta_acc_vs_pre": (f"Δ acc vs {BASELINE_SCHEME} (points)", "{:+.2f}"),
     "last_layer_variance": ("last-block output variance", "{:.3g}"),
     "deep_angular": ("angular dist. deepest third", "{:.3f}"),
     "deep_removal_drop": ("removal Δloss deepest third", "{:.4f}"),
-    "deep_removal_acc_drop": ("removal Δacc deepest third", "{:+.4f}"),
+    "deep_removal_acc_drop": ("removal Δacc deepest third (points)", "{:+.2f}"),
 }
+#: Columns stored as fractions (summary.json) and shown as percentages / points: one unit wherever a person reads
+#: an accuracy (tables, report.html, the command line's lines), as the training log shows it.
+PERCENT = ("eval_acc", "delta_acc_vs_pre", "deep_removal_acc_drop")
 
 #: Cell of a missing (or NaN) value.
 MISSING = "–"
@@ -40,10 +45,10 @@ def format_cell(row: dict[str, Any], key: str) -> str:
     value = row.get(key)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return MISSING
-    fmt = COLUMNS[key][1]
-    cell = fmt.format(value)
+    fmt, scale = COLUMNS[key][1], 100 if key in PERCENT else 1
+    cell = fmt.format(scale * value)
     if key + "_std" in row:
-        cell += " ± " + fmt.format(row[key + "_std"]).lstrip("+")
+        cell += " ± " + fmt.format(scale * row[key + "_std"]).lstrip("+")
     return cell
 
 
@@ -54,3 +59,14 @@ def markdown_table(table: list[dict[str, Any]]) -> str:
              "|---|" + "---:|" * len(keys)]
     lines += [f"| {row['scheme']} | " + " | ".join(format_cell(row, k) for k in keys) + " |" for row in table]
     return "\n".join(lines)
+
+
+def resolved_run_config(result: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The config.json of a compare's first run: the settings every run used, resolved (the learning rate, steps,
+    sequence length and tokenizer the compare left to their defaults, filled); the compare's own settings when the
+    run has none yet."""
+    dirs = list(result.get("run_dirs", {}).values())
+    path = Path(out) / dirs[0] / "config.json" if dirs else None
+    if path is not None and path.is_file():
+        return json.loads(path.read_text())
+    return {"train": result["settings"]["train"], "model": {}}

@@ -93,6 +93,32 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.Tensor
     return x, torch.tensor(ds.target, dtype=torch.long), [str(c) for c in ds.target_names]
 
 
+def folder_classes(root: str | Path) -> list[str]:
+    """The class names of an image folder: its sub-folders that hold at least one image, sorted."""
+    root = Path(root)
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and any(f.suffix.lower() in IMAGE_SUFFIXES
+                                                                       for f in p.iterdir()))
+
+
+def count_classes(spec: str) -> int | None:
+    """How many classes the image data ``spec`` holds, without reading its images: 10 for ``digits``, the class
+    sub-folders of a folder, the label names an ``hf:`` dataset declares (None when they cannot be read, e.g.
+    offline: :func:`load_run_images` then checks the loaded data)."""
+    if spec == "digits":
+        return 10
+    if spec.startswith("hf:"):
+        try:
+            import datasets
+
+            features = datasets.load_dataset_builder(spec[3:]).info.features or {}
+        except Exception:  # noqa: BLE001 - offline, not installed, unknown: the loaded data is checked instead
+            return None
+        names = [getattr(features.get(c), "names", None) for c in ("label", "labels", "fine_label")]
+        return next((len(n) for n in names if n), None)
+    n = len(folder_classes(spec)) if Path(spec).is_dir() else 0
+    return n if n >= 2 else None  # fewer: the loader names what is wrong with the folder
+
+
 def load_image_folder(root: str | Path, image_size: int, channels: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """``root/<class>/<image>``: every image resized to ``image_size`` (bilinear), ``channels`` 1 (grey) or 3."""
     from PIL import Image
@@ -100,8 +126,7 @@ def load_image_folder(root: str | Path, image_size: int, channels: int) -> tuple
     root = Path(root)
     if not root.is_dir():
         raise DepthlabError(f"image folder {str(root)!r} does not exist")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir()
-                     and any(f.suffix.lower() in IMAGE_SUFFIXES for f in p.iterdir()))
+    classes = folder_classes(root)
     if not classes:
         raise DepthlabError(f"image folder {str(root)!r} has no class sub-folder with images "
                             f"({', '.join(IMAGE_SUFFIXES)})")
@@ -193,11 +218,13 @@ SPLIT_SEED = 0
 HELD_OUT_FRACTION = 0.2
 
 
-def load_run_images(data_spec: str, image_size: int, channels: int, num_classes: int) -> ImageData:
-    """A ViT run's ``ImageData``: normalised, split by :data:`SPLIT_SEED`, checked against the model's classes."""
+def load_run_images(data_spec: str, image_size: int, channels: int, num_classes: int, exact: bool = False) -> ImageData:
+    """A ViT run's ``ImageData``: normalised, split by :data:`SPLIT_SEED`, checked against the model's classes
+    (more classes than the head has outputs are refused; with ``exact``, for a new run, any other head size too:
+    its extra outputs would never be trained)."""
     data = load_images(data_spec, image_size, channels, HELD_OUT_FRACTION, SPLIT_SEED)
-    if data.num_classes > num_classes:
-        raise DepthlabError(f"{data_spec!r} has {data.num_classes} classes but the model has num_classes="
+    if data.num_classes > num_classes or (exact and data.num_classes != num_classes):
+        raise DepthlabError(f"{data_spec!r} has {data.num_classes} classes but the model's head has num_classes="
                             f"{num_classes}; pass --set num_classes={data.num_classes}")
     return data
 

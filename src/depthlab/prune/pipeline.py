@@ -24,6 +24,7 @@ from depthlab.analysis.diagnostics.capture import ResidualCapture, capture_of
 from depthlab.analysis.diagnostics.removal import joint_removal_loss
 from depthlab.base.errors import DepthlabError
 from depthlab.base.metrics import perplexity
+from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.export import (
     check_prunable,
     cost,
@@ -124,6 +125,7 @@ def check_in_memory(target: Target, opts: PruneOptions, out: Path) -> int:
     return n_layers
 
 
+@logs_to_stderr
 def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command: str | None = None) -> dict[str, Any]:
     """Prune ``target`` as ``opts`` says and write the HF checkpoint, ``prune.json`` and ``report.html``
     into ``out`` (plus ``out/run``, a depthlab run directory, for depthlab models). Returns the report.

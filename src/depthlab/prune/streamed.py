@@ -34,6 +34,7 @@ from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, 
 from depthlab.analysis.diagnostics.streamed_runner import LossConsumer, joint_loss, state_dir
 from depthlab.base.errors import DepthlabError
 from depthlab.base.metrics import perplexity
+from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.pipeline import check_options, held_out_batches
 from depthlab.prune.select import InfluenceAccumulator, Selection, Survey, check_blocks, select_blocks
@@ -168,6 +169,7 @@ def choose_streamed(measure: StreamedMeasure, opts: PruneOptions) -> tuple[Surve
     return before, sel
 
 
+@logs_to_stderr
 def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, command: str | None = None,
                    settings: SweepSettings | None = None) -> dict[str, Any]:
     """Prune ``target`` as ``opts`` says, reading it one layer at a time; write the HF checkpoint, ``prune.json``

@@ -55,13 +55,13 @@ class TrainConfig(JsonConfig):
     compile: bool | None = None  # torch.compile forward + loss; None = auto: CUDA from 2e16 training FLOPs, CPU from 4M tokens
     dist: str = "none"  # none | ddp | fsdp (under torchrun)
     # ---- evaluation, metrics, checkpoints
-    eval_every: int | None = None  # steps between held-out evaluations; None = steps // 5; 0 = only at the end
-    eval_tokens: int | None = None  # held-out tokens per evaluation (paper: ~10M)
+    eval_every: int | None = None  # steps between held-out evaluations; None = up to 5 within 5% of the run; 0 = only at the end
+    eval_tokens: int | None = None  # held-out tokens per evaluation (paper: ~10M); None = the preset's, at most 5% of the run
     eval_batch_size: int | None = None  # sequences per eval forward; None = micro_batch_size
-    variance_every: int | None = None  # steps between layerwise-variance probes; None = steps // 20
+    variance_every: int | None = None  # steps between depth probes; None = up to 20 within 5% of the run; 0 = none
     probe_batch_size: int = 8  # sequences in the fixed probe batch (held-out text)
     track_depth: bool = True  # at each probe: angular distance, contribution, norm gain per block (else variance only)
-    track_removal: bool = True  # ... and the Δloss of removing each block (L partial forwards; off for big models)
+    track_removal: bool | None = None  # ... and the Δloss of removing each block (L partial forwards); None = when it fits
     removal_every: int = 4  # the removal sweep at every n-th probe (and the last): it costs ~2 train steps on tiny
     log_every: int = 10  # steps between train lines in metrics.jsonl
     ckpt_every: int | None = None  # steps between checkpoints; None = steps // 4; 0 = only at the end
@@ -92,13 +92,9 @@ class TrainConfig(JsonConfig):
             c["micro_batch_size"] = max(1, c["batch_size"] // world_size)
         if c["eval_batch_size"] is None:
             c["eval_batch_size"] = c["micro_batch_size"]
-        steps = c["steps"]
-        if c["eval_every"] is None:
-            c["eval_every"] = max(1, steps // 5)
-        if c["variance_every"] is None:
-            c["variance_every"] = max(1, steps // 20)
+        measurement_schedule(c, model_cfg.n_layers, eval_tokens_auto=self.eval_tokens is None)
         if c["ckpt_every"] is None:
-            c["ckpt_every"] = max(1, steps // 4)
+            c["ckpt_every"] = max(1, c["steps"] // 4)
         if c["weights"] == "auto":
             c["weights"] = "fp32"  # fp32 master weights (finetune asks for bf16 with dtype bf16 before this)
         out = TrainConfig(**c)
@@ -178,6 +174,77 @@ class TrainConfig(JsonConfig):
     def accum_steps(self, world_size: int = 1) -> int:
         """Micro-steps per optimizer step on each rank (after ``resolve``)."""
         return self.batch_size // (self.micro_batch_size * world_size)
+
+
+# ---------------------------------------------------------------------- what measuring a run costs
+#: The default schedules keep the periodic held-out evaluations, and the depth probes, each within this share of
+#: the run's training compute (so both together within 10 %), estimated by token count: a training token costs
+#: a forward and a backward (3 forward-token units), an evaluated or probed token one forward unit, a removal
+#: sweep L/2 forwards of the probe batch. The evaluation at the end and the probes at the start and the end are
+#: the run's result and always run; :func:`schedule_line` states what the schedule costs.
+MEASURE_SHARE = 0.05
+MAX_EVALS = 5  # periodic evaluations at most (the held-out curve's points)
+MAX_PROBES = 20  # periodic depth probes at most
+MIN_EVAL_TOKENS = 2048  # a smaller default held-out set would make the loss too noisy to read
+
+
+def measurement_costs(c: dict[str, Any], n_layers: int) -> tuple[float, float, float]:
+    """(one evaluation, one probe, one removal sweep on top of a probe), each in training steps of ``c``
+    (a TrainConfig as a dict with batch_size, seq_len, eval_tokens, probe_batch_size filled)."""
+    step = 3.0 * c["batch_size"] * c["seq_len"]
+    probe = c["probe_batch_size"] * c["seq_len"] / step
+    return (c["eval_tokens"] or 0) / step, probe, probe * n_layers / 2
+
+
+def measurement_schedule(c: dict[str, Any], n_layers: int, eval_tokens_auto: bool = False) -> None:
+    """Fill, in ``c``, what the caller left None of eval_every, track_removal and variance_every so that each
+    kind of measurement stays within :data:`MEASURE_SHARE` of the run's compute; ``eval_tokens_auto``: the
+    preset's held-out size is a default, cut to that share too (not below :data:`MIN_EVAL_TOKENS`)."""
+    steps = c["steps"]
+    budget = MEASURE_SHARE * steps
+    if eval_tokens_auto:
+        c["eval_tokens"] = max(MIN_EVAL_TOKENS, min(c["eval_tokens"], int(budget * 3 * c["batch_size"] * c["seq_len"])))
+    evaluation, probe, removal = measurement_costs(c, n_layers)
+    if c["eval_every"] is None:
+        n = min(MAX_EVALS, int(budget / evaluation)) if evaluation > 0 else MAX_EVALS
+        c["eval_every"] = -(-steps // n) if n else 0  # ceil: at most n evaluations
+    if c["track_removal"] is None:  # the sweeps at the start and the end fit the probes' share
+        c["track_removal"] = bool(c["track_depth"]) and 2 * (probe + removal) <= budget
+    if c["variance_every"] is None:
+        sweeps = removal / c["removal_every"] if c["track_removal"] and c["track_depth"] and c["removal_every"] else 0.0
+        n = min(MAX_PROBES, int(budget / (probe + sweeps)))
+        c["variance_every"] = -(-steps // n) if n else steps
+
+
+def measured_steps(every: int, steps: int) -> list[int]:
+    """The steps a schedule of period ``every`` measures at: its multiples and the last step (0: the last only)."""
+    return sorted({*range(every, steps + 1, every), steps}) if every else [steps]
+
+
+def schedule_line(cfg: "TrainConfig", n_layers: int) -> str:
+    """The plan line of what a run measures and what it costs, e.g. ``held-out evaluation every 150 steps and
+    at the end (32,768 tokens, est. 3.6% of training); depth probes every 15 steps, at 0 and at the end
+    (8 sequences, removal sweep every 4th and at both ends: est. 3.3%)``."""
+    evaluation, probe, removal = measurement_costs(cfg.to_dict(), n_layers)
+    steps = cfg.steps
+    n_eval = len(measured_steps(cfg.eval_every, steps))
+    where = f"every {cfg.eval_every} steps and at the end" if 0 < cfg.eval_every < steps else "at the end"
+    eval_share = f"est. {100 * n_eval * evaluation / steps:.1f}% of training" if evaluation >= 1e-3 else "every held-out item"
+    parts = [f"held-out evaluation {where} ({cfg.eval_tokens:,} tokens, {eval_share})" if cfg.eval_tokens > 1 else
+             f"held-out evaluation {where}"]
+    if cfg.variance_every:
+        probes = [0, *measured_steps(cfg.variance_every, steps)]
+        sweeping = bool(cfg.track_removal and cfg.track_depth)
+        n_sweep = sum(t in (0, steps) or (cfg.removal_every > 0 and (t // cfg.variance_every) % cfg.removal_every == 0)
+                      for t in probes) if sweeping else 0
+        what = ((f"removal sweep every {cfg.removal_every}th probe and " if cfg.removal_every else "removal sweep ")
+                + "at both ends" if sweeping else "no removal sweep" if cfg.track_depth else "variance only")
+        cost = 100 * (len(probes) * probe + n_sweep * removal) / steps
+        at = f"every {cfg.variance_every} steps, at 0 and at the end" if cfg.variance_every < steps else "at 0 and at the end"
+        parts.append(f"depth probes {at} ({cfg.probe_batch_size} sequences, {what}: est. {cost:.1f}%)")
+    else:
+        parts.append("no depth probes during training")
+    return "; ".join(parts)
 
 
 def _by_size(model_cfg: ModelConfig) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from depthlab.data.sft import SFTDataset, get_template, load_records, pack_examp
 from depthlab.models.config import ModelConfig
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData
+from depthlab.train.rundir import check_fresh_out
 from depthlab.train.start import Source, load_source, read_json_object
 
 log = logging.getLogger(__name__)
@@ -186,9 +187,8 @@ def finetune(source: str | Path, train_cfg: TrainConfig, out: str | Path, *, res
     train_cfg.check_given()  # a NaN lr, a negative seed, ...: before the source is loaded or the data read
     if train_cfg.weights == "auto" and train_cfg.dtype == "bf16":
         train_cfg = train_cfg.replace(weights="bf16")  # fine-tuning in bf16: bf16 weights, no fp32 copy
-    if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DepthlabError(f"run directory {str(out)!r} already exists; pass --resume to continue it "
-                            "or choose a new --out")
+    if not resume:
+        check_fresh_out(out)  # a run (continue it with --resume) or other files (choose another --out): said so
     dtype = torch.bfloat16 if train_cfg.weights == "bf16" else torch.float32  # bf16 weights: no fp32 copy
     src = _resumed_source(out) if resume else load_source(source, "fine-tuning source", dtype)
     cfg = sft_config(train_cfg, src.model_cfg, src.tokenizer)

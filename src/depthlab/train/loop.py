@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,12 +31,14 @@ from depthlab.analysis.monitor.trackers import TrackerSpec
 from depthlab.base.devices import resolve_device
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import write_json_atomic
+from depthlab.base.progress import progress as progress_bar
+from depthlab.base.progress import user_logging
 from depthlab.base.store.checkpoint import load_intact, remove_stale_tmp, save_checkpoint, set_rng_state
 from depthlab.base.store.integrity import first_nonfinite
 from depthlab.base.store.lock import RunGuard, run_guard
 from depthlab.models.config import ModelConfig
 from depthlab.train import distributed as D
-from depthlab.train.config import TrainConfig
+from depthlab.train.config import TrainConfig, schedule_line
 from depthlab.train.data import TrainData
 from depthlab.train.evaluator import EvalResult, Evaluator
 from depthlab.train.family import TrainFamily, train_family
@@ -88,7 +89,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *
     """
     env = D.setup(train_cfg.dist, _device(train_cfg))
     try:
-        with run_guard(Path(out_dir), env.is_main, existing=resume) as guard:
+        with user_logging(quiet), run_guard(Path(out_dir), env.is_main, existing=resume) as guard:
             return _train(model_cfg, train_cfg, Path(out_dir), resume, progress, quiet, command, env, allow_changed,
                           guard, start)
     finally:
@@ -277,22 +278,19 @@ def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
     checkpoint; :func:`_due`), all pending ones at once, so the host queues the steps in between without waiting
     (a non-finite loss has already stopped the updates on the device, see ``train_step``); ``progress`` and the bar
     get every step's record then, in order."""
-    from tqdm.auto import tqdm
-
     cfg, run = s.run.cfg, s.run
-    bar = tqdm(total=cfg.steps, initial=s.start, disable=quiet or not s.env.is_main or not sys.stderr.isatty(),
-               file=sys.stderr, dynamic_ncols=True, unit="step")
-    level = logging.DEBUG if quiet else logging.INFO
-    log.log(level, "training %s (%s, %.2fM params) for %d steps: batch %d x %d tokens, lr %g, %s train sequences; %s",
+    name, level = f"training {run.out.name}", logging.DEBUG if quiet else logging.INFO
+    log.log(level, "%s: %s (%s, %.2fM params), %d steps of batch %d x %d %s, lr %g, %s train sequences; %s", name,
             run.model_cfg.name, run.model_cfg.scheme, s.model.num_params() / 1e6, cfg.steps, cfg.batch_size,
-            cfg.seq_len, cfg.lr, len(s.data.train) or "streamed",
+            cfg.seq_len, "tokens" if run.family == "lm" else "patches", cfg.lr, len(s.data.train) or "streamed",
             execution_plan(cfg, s.forward.device, s.compile_auto, s.n_params))
+    log.log(level, "%s: measuring %s", name, schedule_line(cfg, run.model_cfg.n_layers))
     s.t_loop = time.perf_counter()
     s.module.train()
     if s.start == 0 and cfg.variance_every:
         s.metrics.write({"step": 0, **s.evaluator.probe(removal=True)})
     done, pending = _Done(), []
-    try:
+    with progress_bar(cfg.steps, name, "step", not quiet and s.env.is_main, initial=s.start) as bar:
         for step in range(s.start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             res = train_step(step, s.forward, s.model, s.optimizer, s.data.train, cfg, s.env)
@@ -311,11 +309,17 @@ def _run_steps(s: _Session, progress: Progress | None, quiet: bool) -> _Done:
                 if progress is not None:
                     progress(rec)
             _after_step(s, step, due, done, quiet)
+            if done.eval is not None:
+                bar.postfix(**{"held-out loss": f"{done.eval.loss:.3f}"})
             if progress is not None:  # last: a callback that raises leaves a consistent run behind
                 progress({**records[-1], **({"eval_loss": done.eval.loss} if done.eval_step == step else {})})
-    finally:
-        bar.close()
+        if done.session_time:  # the last line: this session's training rate
+            bar.postfix(rate=f"{done.session_tokens / done.session_time:,.0f} {_rate_unit(run)}")
     return done
+
+
+def _rate_unit(run: RunSetup) -> str:
+    return "tok/s" if run.family == "lm" else "img/s"
 
 
 def _settle(s: _Session, pending: list[_Pending], done: _Done, bar: Any) -> list[dict[str, Any]]:
@@ -331,8 +335,8 @@ def _settle(s: _Session, pending: list[_Pending], done: _Done, bar: Any) -> list
             raise TrainingDiverged(f"loss is {loss} at step {p.res.step}; stopped ({where})", p.res.step, s.last_ckpt)
         rec = done.add_step(p.res, loss, grad_norm, p.tokens, p.dt)
         records.append(rec)
+    bar.postfix(loss=f"{records[-1]['loss']:.3f}", rate=f"{records[-1]['tokens_per_s']:,.0f} {_rate_unit(s.run)}")
     bar.update(len(records))
-    bar.set_postfix(loss=f"{records[-1]['loss']:.3f}", tok_s=f"{records[-1]['tokens_per_s']:.0f}", refresh=False)
     return records
 
 
@@ -349,7 +353,7 @@ def _after_step(s: _Session, step: int, due: dict[str, bool], done: _Done, quiet
     if due["eval"]:
         done.eval, done.eval_step = s.evaluator.evaluate(), step
         s.metrics.write(done.eval.record(step))
-        log.log(logging.DEBUG if quiet else logging.INFO, "step %d: %s", step, done.eval.describe())
+        log.log(logging.DEBUG if quiet else logging.INFO, "%s step %d: %s", s.run.out.name, step, done.eval.describe())
     if due["ckpt"]:
         s.last_ckpt = _checkpoint(s, step)
 

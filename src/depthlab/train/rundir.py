@@ -5,12 +5,14 @@
     config = write_run_dir(run, command, env)                 # rank 0 writes a fresh run's files
 
 A fresh run needs ``out`` absent or empty; a resumed one needs ``out/config.json``, the same
-tokenizer, model and :data:`RESUME_KEYS` settings (they fix the data order and the update rule).
+tokenizer, model and :data:`RESUME_KEYS` settings (they fix the data order and the update rule), except
+``steps``: a resume with more steps *extends* the run (finished or not; see :func:`extension_rule`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,11 @@ RESUME_KEYS = ("data", "val_data", "text_field", "tokenizer", "seq_len", "pack",
                "seed")
 #: RESUME_KEYS a resume may change when asked explicitly (``--allow-changed lr,warmup,min_lr_ratio``).
 CHANGEABLE_KEYS = ("lr", "warmup", "min_lr_ratio")
+#: Schedules that follow the run's length: those a fresh run left to their defaults (config.json's
+#: ``defaulted``) are planned again for the new length when a resume extends the run.
+REPLANNED_KEYS = ("eval_every", "variance_every", "ckpt_every", "track_removal")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,8 @@ class RunSetup:
     saved: dict[str, Any] | None  # the run's config.json when resuming
     changed: dict[str, list] = field(default_factory=dict)  # key -> [saved, new], allowed on resume
     family: str = "lm"  # depthlab.train.family: which family builds, feeds and evaluates the model
+    defaulted: tuple[str, ...] = ()  # REPLANNED_KEYS a fresh run left to their defaults (config.json)
+    resumed_at: int | None = None  # the step of the checkpoint a resume starts from
 
 
 def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv,
@@ -66,18 +75,81 @@ def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: 
     if bad:
         raise DepthlabError(f"--allow-changed {','.join(bad)}: only {', '.join(CHANGEABLE_KEYS)} may change on resume")
     saved = saved_config(out) if resume else None
-    if not resume and out.exists() and (not out.is_dir() or any(p.name != ".lock" for p in out.iterdir())):
-        raise DepthlabError(f"run directory {str(out)!r} already exists; "
-                            "pass --resume to continue it or choose a new --out")
+    if not resume:
+        check_fresh_out(out)
+    else:
+        train_cfg = resumed_train_config(train_cfg, saved)
     cfg = train_cfg.resolve(model_cfg, env.world_size)
     tok = tokenizer if tokenizer is not None and not resume else resolve_tokenizer(cfg, out, resume, env)
     cfg = cfg.replace(tokenizer=tok.spec)
     model_cfg = model_cfg.replace(vocab_size=tok.vocab_size)
-    changed = {}
+    changed, at = {}, None
     if saved is not None:
         check_inputs(saved, tok, cfg, out)  # first: a swapped tokenizer also changes vocab_size
-        changed = check_resume(saved, model_cfg, cfg, out, allow_changed)
-    return RunSetup(out, model_cfg, cfg, tok, resume, saved, changed)
+        changed, at = check_resume(saved, model_cfg, cfg, out, allow_changed), latest_step(out)
+    return RunSetup(out, model_cfg, cfg, tok, resume, saved, changed, defaulted=defaulted_keys(train_cfg),
+                    resumed_at=at)
+
+
+def check_fresh_out(out: Path) -> None:
+    """Refuse a fresh run's ``out`` that holds something: a run (say so, and how to continue it) or other files
+    (name a few)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise DepthlabError(f"--out {str(out)!r} is a file, not a directory; choose a new --out")
+    held = sorted(p.name for p in out.iterdir() if p.name != ".lock")
+    if not held:
+        return
+    if (out / "config.json").is_file() and ((out / "checkpoint").is_dir() or (out / "metrics.jsonl").is_file()):
+        at = latest_step(out)
+        where = f"at step {at}" if at else "with no checkpoint yet"
+        raise DepthlabError(f"{str(out)!r} is already a run ({where}); continue it with --resume {str(out)!r} "
+                            f"(--steps N to extend it) or choose a new --out")
+    shown = ", ".join(held[:4]) + (f", … ({len(held)} entries)" if len(held) > 4 else "")
+    raise DepthlabError(f"--out {str(out)!r} is not empty and is not a depthlab run (it holds {shown}); "
+                        "choose a new or empty directory")
+
+
+def latest_step(out: Path) -> int:
+    """The step of the run's newest complete checkpoint (0 when it has none)."""
+    from depthlab.base.store.checkpoint import list_checkpoints
+
+    ckpts = list_checkpoints(out)
+    return int(ckpts[-1].name.split("-")[-1]) if ckpts else 0
+
+
+def defaulted_keys(train_cfg: TrainConfig) -> tuple[str, ...]:
+    """The :data:`REPLANNED_KEYS` ``train_cfg`` leaves to their defaults."""
+    return tuple(k for k in REPLANNED_KEYS if getattr(train_cfg, k) is None)
+
+
+def resumed_train_config(train_cfg: TrainConfig, saved: dict[str, Any]) -> TrainConfig:
+    """A resume's settings: ``train_cfg``'s where it sets them, the saved run's elsewhere. When the steps change
+    (an extension), the schedules the run left to their defaults (:data:`REPLANNED_KEYS`) and that the resume
+    does not set to another value are planned again for the new length."""
+    before = saved["train"]
+    c = train_cfg.to_dict()
+    c.update({k: v for k, v in before.items() if k in c and c[k] is None})
+    if c["steps"] != before.get("steps"):
+        for key in saved.get("defaulted", ()):
+            if key in REPLANNED_KEYS and c.get(key) == before.get(key):
+                c[key] = None
+    return TrainConfig.from_dict(c)
+
+
+def extension_rule(before: int, after: int, at: int) -> str:
+    """What an extension from ``before`` to ``after`` steps does to the learning-rate schedule, in one line (the
+    plan line of the resumed run).
+
+    The rule: every step after the checkpoint (``at``) gets the learning rate a run *planned* for ``after`` steps
+    gets at that step (:func:`depthlab.train.optim.lr_at` with ``steps = after``; warm-up and cosine over the new
+    length), and reads the same batch (the data order does not depend on the length). Steps up to ``at`` keep the
+    schedule they were trained with. So an extended run equals a run planned for ``after`` steps exactly when the
+    two schedules agreed up to ``at`` (a checkpoint inside a warm-up given in steps); otherwise they differ in
+    the first ``at`` steps only, and a finished run, whose cosine had reached its floor, warms back up at once."""
+    return (f"extending from {before} to {after} steps at step {at}: steps {at + 1}-{after} follow the {after}-step "
+            f"schedule, as a run planned for {after} steps would; steps 1-{at} kept the {before}-step one")
 
 
 def saved_config(out: Path) -> dict[str, Any]:
@@ -140,13 +212,20 @@ def resolve_tokenizer(cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv)
 def check_resume(saved: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig, out: Path,
                  allow: tuple[str, ...] = ()) -> dict[str, list]:
     """Raise DepthlabError naming what differs when the saved run has another model or other
-    :data:`RESUME_KEYS` settings than ``allow`` lists; returns the allowed changes, key -> [saved, new]."""
+    :data:`RESUME_KEYS` settings than ``allow`` lists; returns the allowed changes, key -> [saved, new]. Other
+    ``steps`` extend the run (:func:`extension_rule`), down to its latest checkpoint's step at least."""
     if saved["model"] != model_cfg.to_dict():
         diff = sorted(k for k in model_cfg.to_dict() if saved["model"].get(k) != model_cfg.to_dict()[k])
         raise DepthlabError(f"cannot resume {str(out)!r}: the model differs from the saved run in {', '.join(diff)} "
                             f"(saved scheme {saved['model'].get('scheme')!r})")
     diff = [k for k in RESUME_KEYS if saved["train"].get(k) != getattr(cfg, k)]
-    refused = [k for k in diff if k not in allow]
+    if "steps" in diff:
+        at = latest_step(out)
+        if cfg.steps < at:
+            raise DepthlabError(f"cannot resume {str(out)!r} with --steps {cfg.steps}: it is already at step {at}; "
+                                f"give --steps {at} or more")
+        log.info("%s: %s", out.name, extension_rule(saved["train"]["steps"], cfg.steps, at))
+    refused = [k for k in diff if k not in (*allow, "steps")]
     if refused:
         detail = ", ".join(f"{k}={getattr(cfg, k)!r} (saved {saved['train'].get(k)!r})" for k in refused)
         hint = (" (pass --allow-changed " + ",".join(k for k in refused if k in CHANGEABLE_KEYS) + " to change them)"
@@ -166,16 +245,17 @@ def run_config(run: RunSetup, command: str | None, world_size: int,
                                                      "eos_id": tok.eos_id, "pad_id": tok.pad_id,
                                                      "fingerprint": tok.fingerprint()},
               "versions": versions(), "command": command or command_line(), "world_size": world_size,
-              "family": run.family,
+              "family": run.family, "defaulted": list(run.defaulted),
               "data_fingerprint": {"data": data_fingerprint(run.cfg.data),
                                    "val_data": data_fingerprint(run.cfg.val_data)},
               **(record or {})}
     if run.resume:
         resumed = {**run.saved, "command_resume": config["command"], "versions": config["versions"]}
         if run.changed:  # the new schedule rules from now on; the history says what changed when
-            resumed["train"] = {**run.saved["train"], **{k: new for k, (_, new) in run.changed.items()}}
+            replanned = {k: getattr(run.cfg, k) for k in run.saved.get("defaulted", ()) if k in REPLANNED_KEYS}
+            resumed["train"] = {**run.saved["train"], **replanned, **{k: new for k, (_, new) in run.changed.items()}}
             resumed["resume_changes"] = [*run.saved.get("resume_changes", []),
-                                         {"command": config["command"], "changed": run.changed}]
+                                         {"command": config["command"], "changed": run.changed, "at_step": run.resumed_at}]
         return resumed
     return config
 

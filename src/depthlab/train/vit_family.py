@@ -14,6 +14,7 @@ nothing to a ViT: every held-out image is evaluated; ``tokens`` counts training 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,23 @@ import torch
 from torch import nn
 
 from depthlab.base.errors import DepthlabError
-from depthlab.data.images import TrainImages, check_image_spec, load_run_images
-from depthlab.models.presets import TRAIN_DEFAULTS
+from depthlab.data.images import TrainImages, check_image_spec, count_classes, load_run_images
+from depthlab.models.presets import TRAIN_DEFAULTS, VIT_PRESETS
 from depthlab.train import distributed as D
 from depthlab.train.config import TrainConfig
 from depthlab.train.data import TrainData
 from depthlab.train.evaluator import Evaluator
-from depthlab.train.rundir import RunSetup, check_resume, saved_config
+from depthlab.train.rundir import (
+    RunSetup,
+    check_fresh_out,
+    check_resume,
+    defaulted_keys,
+    latest_step,
+    resumed_train_config,
+    saved_config,
+)
+
+log = logging.getLogger(__name__)
 
 
 def vit_train_config(train_cfg: TrainConfig, vit_cfg: Any, world_size: int = 1) -> TrainConfig:
@@ -46,20 +57,41 @@ def vit_train_config(train_cfg: TrainConfig, vit_cfg: Any, world_size: int = 1) 
 def open_vit_run(vit_cfg: Any, train_cfg: TrainConfig, out: Path, resume: bool, env: D.DistEnv) -> RunSetup:
     """Check ``out`` and the settings (a resume must match the saved run); no tokenizer; writes nothing."""
     saved = saved_config(out) if resume else None
-    if not resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DepthlabError(f"run directory {str(out)!r} already exists; "
-                            "pass --resume to continue it or choose a new --out")
+    if not resume:
+        check_fresh_out(out)
+    else:
+        train_cfg = resumed_train_config(train_cfg, saved)
     cfg = vit_train_config(train_cfg, vit_cfg, env.world_size)
+    if not resume:
+        vit_cfg = sized_head(vit_cfg, cfg.data)
+    changed, at = {}, None
     if saved is not None:
-        check_resume(saved, vit_cfg, cfg, out)
-    return RunSetup(out, vit_cfg, cfg, None, resume, saved, family="vit")
+        changed, at = check_resume(saved, vit_cfg, cfg, out), latest_step(out)
+    return RunSetup(out, vit_cfg, cfg, None, resume, saved, changed, family="vit", defaulted=defaulted_keys(train_cfg),
+                    resumed_at=at)
+
+
+def sized_head(vit_cfg: Any, data: str) -> Any:
+    """``vit_cfg`` with a classifier head of as many outputs as ``data`` has classes, when it has the preset's
+    head (a 1000-class ViT-S on a 2-class folder gets a 2-class head, and says so); a head set on purpose
+    (``--set num_classes=N``) that does not match the data is refused in one line."""
+    n = count_classes(data)
+    if n is None or n == vit_cfg.num_classes:
+        return vit_cfg
+    preset = VIT_PRESETS.get(vit_cfg.name, {}).get("num_classes")
+    if vit_cfg.num_classes != preset:
+        raise DepthlabError(f"{data!r} has {n} classes but the model's head has num_classes={vit_cfg.num_classes}; "
+                            f"pass --set num_classes={n} (or leave it unset: the head is sized to the data)")
+    log.info("%s: a %d-class head for the %d classes of %r (the preset's head has %d)", vit_cfg.name, n, n, data,
+             vit_cfg.num_classes)
+    return vit_cfg.replace(num_classes=n)
 
 
 def load_vit_data(run: RunSetup, env: D.DistEnv) -> TrainData:
     """Training batches, held-out ``(pixels, labels)`` batches of ``eval_batch_size``, the probe batch."""
     cfg = run.cfg
     m = run.model_cfg
-    data = load_run_images(cfg.data, m.image_size, m.channels, m.num_classes)
+    data = load_run_images(cfg.data, m.image_size, m.channels, m.num_classes, exact=not run.resume)
     bs = cfg.eval_batch_size
     eval_batches = [(data.test_x[i:i + bs], data.test_y[i:i + bs]) for i in range(0, len(data.test_y), bs)]
     k = cfg.probe_batch_size

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -56,11 +57,16 @@ def _both(path: Path, **kw) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_streamed_equals_in_memory_on_hf_families(tmp_path, kind):
+def test_streamed_equals_in_memory_on_hf_families(tmp_path, kind, caplog):
+    caplog.set_level(logging.INFO, logger="depthlab")
     mem, streamed = _both(hf_dir(tmp_path, kind, 4), joint_check=kind == "llama-lns")  # one joint check is enough
     assert_same(mem, streamed)
     assert set(streamed) == set(mem) and streamed["engine"]["name"] == "streamed" and mem["engine"]["name"] == "in-memory"
     assert streamed["model"] == mem["model"]  # the report says the same of the model
+    said = [r.getMessage() for r in caplog.records]
+    assert not any(l.startswith("joint-") for l in said)  # no progress lines per joint sweep, one line per set
+    evaluated = streamed["removal"]["removable"].get("evaluated", {})
+    assert sum(l.startswith("removable blocks, joint check:") for l in said) == len(evaluated) - ("0" in evaluated)
 
 
 def _run(tmp_path: Path, scheme: str = "lns") -> Path:

@@ -3,7 +3,9 @@
 series equal ``diagnose`` of the saved checkpoint on the same batch. The run is the README's code
 (examples/monitor_hf_trainer.py)."""
 
+import contextlib
 import importlib.util
+import io
 from pathlib import Path
 
 import numpy as np
@@ -37,14 +39,27 @@ def hf_run(tmp_path_factory):
     mp.setenv("WANDB_DIR", str(out))
     mp.setenv("WANDB_PROJECT", "depthlab-test")
     reporters = ",".join(r for r in ("tensorboard", "wandb") if importlib.util.find_spec(r))
+    console = io.StringIO()
     try:
-        trainer = example("monitor_hf_trainer").main([*TINY, "--out", str(out), "--report-to", reporters or "none"])
+        with contextlib.redirect_stdout(console):  # what the Trainer prints
+            trainer = example("monitor_hf_trainer").main([*TINY, "--out", str(out), "--report-to", reporters or "none"])
         import wandb
 
         wandb.finish()
     finally:
         mp.undo()
+    trainer.console = console.getvalue()
     return trainer, out
+
+
+def test_the_console_shows_the_deepest_third_curves_not_every_block(hf_run):
+    """The Trainer prints each log dict: a probe's is its 5 deepest-third curves, not 5 L per-block scalars
+    (which log_history keeps)."""
+    trainer, _ = hf_run
+    printed = [l for l in trainer.console.splitlines() if "depth_deepest_third/angular" in l]
+    assert len(printed) == 4  # steps 0, 2, 4, 5
+    assert all("depth/angular/block_" not in l and l.count(":") <= 10 for l in printed)
+    assert block_tag("layer_angular", 1, L) in probes(trainer)[STEPS]
 
 
 def probes(trainer):

@@ -25,7 +25,8 @@ def test_monitor_equals_the_trainers_series_on_the_same_checkpoint_and_probe_bat
     schedule says) is what DepthMonitor returns on that step's checkpoint with the trainer's probe batch."""
     run = tmp_path / "run"
     cfg = TrainConfig(data="builtin", tokenizer="bytes", steps=6, seq_len=SEQ, batch_size=4, lr=3e-3, variance_every=3,
-                      eval_every=0, eval_tokens=1024, probe_batch_size=PROBE, ckpt_every=3, keep_last=3)
+                      eval_every=0, eval_tokens=1024, probe_batch_size=PROBE, ckpt_every=3, keep_last=3,
+                      track_removal=True)
     train(d.from_preset("tiny", scheme="lns", n_layers=4, d_model=32, n_heads=2, d_ff=48), cfg, run, quiet=True)
     lines = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "layer_angular" in r}
     assert sorted(lines) == [0, 3, 6] and "layer_removal" not in lines[3] and "layer_removal" in lines[6]

@@ -68,8 +68,8 @@ def tracked_run(tmp_path_factory):
         pytest.skip("no tracker package installed")
     tmp = tmp_path_factory.mktemp("tracked")
     flags = {"tensorboard": ["--tensorboard"], "wandb": ["--wandb", "depthlab-test"], "trackio": ["--trackio", "depthlab-test"]}
-    run_cli(["train", *TINY, "--steps", "6", "--variance-every", "2", "--eval-every", "3", "--log-every", "1", "-q",
-             "--no-plots", *[f for t in HAVE for f in flags[t]], "--out", str(tmp / "run")], tmp)
+    run_cli(["train", *TINY, "--steps", "6", "--variance-every", "2", "--track-removal", "--eval-every", "3",
+             "--log-every", "1", "-q", "--no-plots", *[f for t in HAVE for f in flags[t]], "--out", str(tmp / "run")], tmp)
     return tmp, tmp / "run"
 
 

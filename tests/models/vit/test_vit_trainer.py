@@ -21,7 +21,7 @@ def _model(scheme="lns", **kw):
 
 def _train_cfg(**kw):
     return TrainConfig(**{"data": "digits", "steps": 6, "batch_size": 16, "eval_every": 3, "variance_every": 3,
-                          "ckpt_every": 3, **kw})
+                          "track_removal": True, "ckpt_every": 3, **kw})
 
 
 class _StopAt:
@@ -95,3 +95,27 @@ def test_the_default_data_of_a_vit_is_the_builtin_image_set():
 
     cfg = vit_train_config(TrainConfig(), vit_from_preset("vit-tiny"))
     assert cfg.data == "digits" and TrainConfig().data == "builtin"
+
+
+def test_the_head_is_sized_to_an_image_folder_or_a_mismatch_refused(tmp_path, capsys):
+    """A 2-class folder: a preset's 10-class head becomes a 2-class head (a head whose 8 extra outputs would never
+    be trained was kept before); a head set on purpose to another size is refused in one line, before any work."""
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    folder = tmp_path / "two"
+    for c, shade in (("cat", 40), ("dog", 200)):
+        (folder / c).mkdir(parents=True)
+        for i in range(12):
+            Image.new("L", (8, 8), shade + i).save(folder / c / f"{i}.png")
+    out = tmp_path / "run"
+    args = ["train", "--preset", "vit-tiny", *TINY_SET, "--data", str(folder), "--steps", "2", "--batch-size", "4",
+            "--no-plots", "-q"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["model"]["num_classes"] == 2
+    model, _, _ = load_run(out)
+    assert model.classifier.out_features == 2
+    assert main([*args, "--set", "num_classes=5", "--out", str(tmp_path / "five")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has 2 classes" in err[0] and "num_classes=5" in err[0]
+    assert not (tmp_path / "five").exists()

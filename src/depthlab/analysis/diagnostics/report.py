@@ -24,19 +24,20 @@ def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
     from depthlab.analysis.plots import diagnostics as P
 
     name = report["model"].get("label") or report["model"]["name"]
+    scheme = report["model"].get("scheme")  # each line in its scheme's colour, as in compare's figures
     figs: dict[str, Path] = {}
     ang = report["angular"]
     figs["angular_heatmap"] = P.angular_heatmap(ang["matrix"], out / "angular_heatmap.png",
                                                 f"Angular distance d(x^l, x^(l+n))\n{name}")
     figs["angular_adjacent"] = P.adjacent_angular(ang["adjacent"], out / "angular_adjacent.png",
                                                   report["options"]["identity_threshold"],
-                                                  f"Adjacent-layer angular distance\n{name}")
+                                                  f"Adjacent-layer angular distance\n{name}", scheme)
     var = report["variance"]
-    figs["variance"] = P.variance_growth(var["variance"], var["mean_norm"], out / "variance.png", name)
+    figs["variance"] = P.variance_growth(var["variance"], var["mean_norm"], out / "variance.png", name, scheme)
     if "removal" in report:
         r = report["removal"]
         figs["removal"] = P.removal_drop(r["delta_loss"], out / "removal.png", r["base_loss"],
-                                         report.get("mc", {}).get("delta_acc"))
+                                         report.get("mc", {}).get("delta_acc"), scheme=scheme)
     jac = report.get("jacobian")
     if jac and jac.get("per_layer"):
         pl = jac["per_layer"]

@@ -30,7 +30,7 @@ from depthlab.analysis.diagnostics.summary import removable_blocks, summary_sent
 from depthlab.analysis.diagnostics.variance import VarianceAccumulator
 from depthlab.base.errors import DepthlabError
 from depthlab.base.metrics import perplexity
-from depthlab.base.progress import progress
+from depthlab.base.progress import logs_to_stderr, progress
 from depthlab.targets.target import Target
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class TextBatches:
         return self.inner.short
 
 
+@logs_to_stderr
 def diagnose_in_memory(target: Target, opts: DiagnoseOptions | None = None, command: str | None = None
                        ) -> dict[str, Any]:
     """All diagnostics of ``target``, loaded in memory; returns the report dict (plain numbers, JSON-ready, plus the

@@ -291,8 +291,10 @@ class Sweeper:
     # ------------------------------------------------------------------ the sweep
     @torch.no_grad()
     def sweep(self, name: str, batches: Sequence[SweepBatch], streams: Sequence[Stream], keep_states: bool,
-              consumer: Consumer) -> None:
-        """Every stream over every batch, layer by layer; results to ``consumer`` (see the module docstring)."""
+              consumer: Consumer, show: bool = True) -> None:
+        """Every stream over every batch, layer by layer; results to ``consumer`` (see the module docstring).
+        ``show``: its own progress (bar or ETA lines, as the settings say); a caller that reports a series of
+        short sweeps in its own words passes False."""
         L = self.source.n_layers
         layout = _Layout.of(streams, L)
         self._rows = self._budget()[1]
@@ -313,7 +315,7 @@ class Sweeper:
             consumer.load_state_dict(last[1])
             first = last[0] + 1
         desc = f"{name}: {L} layers, {len(streams)} stream" + ("s" if len(streams) > 1 else "")
-        with progress(self._units(layout, batches, groups[first:]), desc, "block", self.settings.progress) as bar:
+        with progress(self._units(layout, batches, groups[first:]), desc, "block", self.settings.progress and show) as bar:
             for g in range(first, len(groups)):
                 self._group(name, g, [batches[i] for i in groups[g]], groups[g].start, layout, keep_states, consumer,
                             state, bar)

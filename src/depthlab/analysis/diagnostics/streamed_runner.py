@@ -29,6 +29,7 @@ from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, 
 from depthlab.analysis.diagnostics.summary import removable_blocks, summary_sentence
 from depthlab.analysis.diagnostics.variance import VarianceAccumulator
 from depthlab.base.errors import DepthlabError
+from depthlab.base.progress import duration, logs_to_stderr
 from depthlab.targets.engine import engine_record as target_engine
 from depthlab.targets.layerwise import StreamTarget
 
@@ -129,13 +130,19 @@ def text_batches(target: StreamTarget, opts: DiagnoseOptions) -> tuple[TextBatch
 
 
 def joint_loss(sweeper: Sweeper, text: list[SweepBatch], skip: list[int]) -> float:
-    """Held-out loss with the blocks ``skip`` removed together: one sweep."""
+    """Held-out loss with the blocks ``skip`` removed together: one sweep, one log line."""
     consumer = LossConsumer(1)
+    t0 = time.perf_counter()
     sweeper.sweep("joint-" + "-".join(map(str, sorted(skip))), text, [Stream("joint", frozenset(skip))], False,
-                  consumer)
+                  consumer, show=False)
+    blocks = sorted(skip)
+    shown = ", ".join(map(str, blocks[:6])) + (f", … ({len(blocks)} in all)" if len(blocks) > 6 else "")
+    log.info("removable blocks, joint check: %d removed together (%s): loss %.4f, %s", len(blocks), shown,
+             consumer.loss(0), duration(time.perf_counter() - t0))
     return consumer.loss(0)
 
 
+@logs_to_stderr
 def diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions | None = None, command: str | None = None,
                       out: Path | None = None, settings: SweepSettings | None = None) -> dict[str, Any]:
     """What :func:`~depthlab.analysis.diagnostics.diagnose` reports (Jacobians excepted), the model read one layer at

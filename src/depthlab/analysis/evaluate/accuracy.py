@@ -13,6 +13,7 @@ from depthlab.analysis.evaluate.options import SCORINGS
 from depthlab.analysis.evaluate.scoring import score_generate, score_loglik
 from depthlab.base.errors import DepthlabError, choices, first_line
 from depthlab.base.extras import needs
+from depthlab.base.progress import logs_to_stderr
 from depthlab.base.provenance import versions
 from depthlab.data.builtin_tasks import BUILTIN_TASKS, builtin_task
 from depthlab.data.tasks import Task, load_task_file, parse_rows
@@ -95,6 +96,7 @@ def _max_length(target: Any) -> int:
     return int(target.max_seq_len or 2048)
 
 
+@logs_to_stderr
 def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path | None = None,
              limit: int | None = None, batch_size: int = 8, scoring: str = "loglik", template: str = "alpaca",
              max_new_tokens: int = 32, progress: bool = True, command: str | None = None) -> dict[str, dict[str, Any]]:

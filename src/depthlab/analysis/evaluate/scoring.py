@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
+from depthlab.base.progress import progress as progress_bar
 from depthlab.data.tasks import Task
 
 Encode = Callable[[str], list[int]]
@@ -72,7 +72,7 @@ def loglikelihoods(fn: LogitsFn, pairs: Sequence[tuple[list[int], list[int]]], *
         rows.append((whole[:-1], list(cont)[-(len(whole) - 1):]))  # a continuation longer than max_length: its tail
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))  # longest first, as lm-eval
     out = [0.0] * len(rows)
-    bar = tqdm(total=len(rows), desc=desc, disable=not progress, leave=False)
+    bar = progress_bar(len(rows), desc, "item", progress)  # a bar on a terminal, ETA lines in a log
     for a in range(0, len(order), batch_size):
         idx = order[a:a + batch_size]
         width = max(len(rows[i][0]) for i in idx)
@@ -188,7 +188,7 @@ def score_generate(fn: LogitsFn, task: Task, encode: Encode, decode: Callable[[l
                    device: torch.device | str = "cpu", progress: bool = True) -> dict[str, Any]:
     """Generation-and-match accuracy; ``render(instruction)`` is the SFT prompt up to the response."""
     correct, outputs = [], []
-    bar = tqdm(total=len(task.items), desc=f"{task.name} (generate)", disable=not progress, leave=False)
+    bar = progress_bar(len(task.items), f"{task.name} (generate)", "item", progress)
     for a in range(0, len(task.items), batch_size):
         chunk = task.items[a:a + batch_size]
         gens = greedy_generate(fn, [encode(render(it.instruction)) for it in chunk], max_new_tokens=max_new_tokens,

@@ -23,6 +23,7 @@ import torch
 from transformers import TrainerCallback
 
 from depthlab.analysis.monitor.core import DepthMonitor, LayersArg
+from depthlab.analysis.monitor.names import DEPTH
 from depthlab.base.errors import DepthlabError
 
 
@@ -41,10 +42,19 @@ class DepthMonitorCallback(TrainerCallback):
         self.monitor: DepthMonitor | None = None
 
     def attach(self, trainer: Any) -> DepthMonitorCallback:
-        """Log through ``trainer`` (and add this callback to it unless it was given in ``callbacks=``)."""
+        """Log through ``trainer`` (and add this callback to it unless it was given in ``callbacks=``). The
+        Trainer's console printers (PrinterCallback, ProgressCallback) show only the deepest-third curves of a
+        probe, not its 5 L per-block scalars (a dict of ~46 keys per probe at L = 8); ``log_history`` and every
+        reporter still get all of them."""
         self.trainer = trainer
         if self not in trainer.callback_handler.callbacks:
             trainer.add_callback(self)
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        for callback in trainer.callback_handler.callbacks:
+            if isinstance(callback, (PrinterCallback, ProgressCallback)) and not hasattr(callback, "_depth_brief"):
+                callback.on_log = _brief(callback.on_log)
+                callback._depth_brief = True
         return self
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -68,3 +78,15 @@ class DepthMonitorCallback(TrainerCallback):
         scalars = self.monitor.step(step, last)
         if scalars:
             self.trainer.log(scalars)
+
+
+def _brief(printer_on_log: Any) -> Any:
+    """A console printer's ``on_log`` that leaves out the per-block ``depth/...`` scalars (kept: the
+    ``depth_deepest_third/...`` curves and every key of the Trainer's own)."""
+
+    def on_log(args, state, control, logs=None, **kwargs):
+        if logs:
+            logs = {k: v for k, v in logs.items() if not k.startswith(f"{DEPTH}/")}
+        return printer_on_log(args, state, control, logs=logs, **kwargs)
+
+    return on_log

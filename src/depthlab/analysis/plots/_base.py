@@ -59,6 +59,25 @@ def scheme_color(label: str) -> str:
     return _HASHED[int(hashlib.md5(label.encode()).hexdigest(), 16) % len(_HASHED)]
 
 
+def run_color(scheme: str | None) -> str:
+    """The colour of one model's lines: its scheme's (:func:`scheme_color`), dark grey when it has none (an HF model
+    depthlab did not mark)."""
+    return scheme_color(scheme) if scheme else "#404040"
+
+
+def log_norm(*arrays: Any, floor: float = 1e-4) -> Any:
+    """A shared log colour scale over the finite positive values of ``arrays`` (angular distances: block 1's can be
+    50x a deep block's, so a linear scale paints every deep block the same colour)."""
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    values = np.concatenate([np.asarray(a, dtype=float).ravel() for a in arrays])
+    values = values[np.isfinite(values) & (values > 0)]
+    low = max(float(values.min()), floor) if values.size else floor
+    high = float(values.max()) if values.size else 1.0
+    return LogNorm(vmin=low, vmax=max(high, low * 1.001))
+
+
 def save(fig: Figure, path: str | Path, layout: bool = True) -> Path:
     """Lay out (unless ``layout=False``, e.g. with a shared colour bar), write ``path`` as PNG
     through the Agg canvas (creating its folder), return the path."""
@@ -72,10 +91,20 @@ def save(fig: Figure, path: str | Path, layout: bool = True) -> Path:
     return path
 
 
-def ticks(n: int, max_ticks: int = 16) -> list[int]:
-    """1-based tick positions for n layers, at most ``max_ticks`` of them."""
-    step = max(1, math.ceil(n / max_ticks))
-    return list(range(1, n + 1, step))
+#: Tick spacings a person reads at a glance (block 1, then every 2nd, 5th, 10th, ... block).
+_ROUND_STEPS = (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000)
+
+
+def ticks(n: int, max_ticks: int = 10) -> list[int]:
+    """1-based tick positions for ``n`` blocks, at most ``max_ticks`` (+1) of them, so that two-digit labels never
+    run together: block 1, the multiples of the smallest round spacing that fits (2, 5, 10, ...), and ``n`` itself,
+    in place of the last multiple when close to it (16 blocks: 1, 2, 4, ..., 16; 80 blocks: 1, 10, 20, ..., 80)."""
+    step = next((s for s in _ROUND_STEPS if len(range(s, n + 1, s)) + (s > 1) <= max_ticks),
+                math.ceil(n / max_ticks))
+    marks = sorted({1, *range(step, n + 1, step)})
+    if marks[-1] != n:  # the last block is always labelled: after the last multiple, or in its place when close
+        marks = [*marks[:-1], n] if n - marks[-1] < 0.75 * step and len(marks) > 2 else [*marks, n]
+    return marks
 
 
 def same_lengths(figure: str, **series: Any) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from depthlab.analysis.plots._base import colormap, save, scheme_color, subplots, ticks
+from depthlab.analysis.plots._base import colormap, log_norm, save, scheme_color, subplots, ticks
 
 Curve = tuple[Sequence[int], Sequence[float]]
 
@@ -66,7 +66,7 @@ def variance_over_training(series: Mapping[str, tuple[Sequence[int], Sequence[Se
             ax.plot(steps, v[:, l], color=shades[l], lw=1.1, label=f"block {l + 1}" if l in (0, L - 1) else None)
         ax.set_yscale("log")
         ax.set_xlabel("step")
-        ax.set_title(name, fontsize=10)
+        ax.set_title(name, fontsize=10, color=scheme_color(name))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("output variance")
@@ -75,22 +75,23 @@ def variance_over_training(series: Mapping[str, tuple[Sequence[int], Sequence[Se
 
 
 def angular_heatmaps(matrices: Mapping[str, Sequence[Sequence[float | None]]], path: str | Path) -> Path:
-    """Angular distance d(x^l, x^{l+n}) per scheme in the paper's layout (x = l, y = n), one colour scale."""
+    """Angular distance d(x^l, x^{l+n}) per scheme in the paper's layout (x = l, y = n), one log colour scale for
+    all (the deep blocks' small distances stay readable next to block 1's)."""
     ms = {k: np.array([[np.nan if x is None else x for x in row] for row in m], dtype=float) for k, m in matrices.items()}
-    vmax = max(0.5, max(float(np.nanmax(m)) for m in ms.values()))
+    norm = log_norm(*ms.values())
     n = len(ms)
     fig, axes = subplots(1, n, figsize=(4.6 * n + 0.8, 4.2), squeeze=False)
     im = None
     for ax, (name, m) in zip(axes[0], ms.items()):
         L = m.shape[1]
-        im = ax.imshow(m, origin="lower", cmap="viridis", vmin=0, vmax=vmax, aspect="auto",
+        im = ax.imshow(np.ma.masked_invalid(m), origin="lower", cmap="viridis", norm=norm, aspect="auto",
                        extent=(0.5, L + 0.5, 0.5, L + 0.5), interpolation="nearest")
-        ax.set_xticks(ticks(L))
-        ax.set_yticks(ticks(L))
+        ax.set_xticks(ticks(L, 8))
+        ax.set_yticks(ticks(L, 8))
         ax.set_xlabel("layer l")
-        ax.set_title(name, fontsize=10)
+        ax.set_title(name, fontsize=10, color=scheme_color(name))
     axes[0][0].set_ylabel("block size n")
-    fig.colorbar(im, ax=axes[0].tolist(), label="arccos(cos)/π", shrink=0.9)
+    fig.colorbar(im, ax=axes[0].tolist(), label="arccos(cos)/π  (log colour scale)", shrink=0.9)
     fig.suptitle("Angular distance between layer l and l+n (darker = more alike)", fontsize=10)
     return save(fig, path, layout=False)
 
@@ -133,5 +134,7 @@ def tracking_curves(series: Mapping[str, Mapping[str, tuple[Sequence[int], Seque
         ax.grid(alpha=0.3)
         if key == "layer_variance":
             ax.set_yscale("log")
+        else:
+            ax.ticklabel_format(axis="y", useOffset=False)  # norm gains near 1: 1.0004, not "+1" and 0.0004
     axes[0][0].legend(fontsize=8)
     return save(fig, path)

@@ -7,34 +7,36 @@ from pathlib import Path
 
 import numpy as np
 
-from depthlab.analysis.plots._base import same_lengths, save, subplots, ticks
+from depthlab.analysis.plots._base import log_norm, run_color, same_lengths, save, subplots, ticks
 from depthlab.base.errors import DepthlabError
 
 
 def angular_heatmap(matrix: Sequence[Sequence[float | None]], path: str | Path, title: str = "") -> Path:
-    """The paper's layout: x = block l, y = n; colour = d(x^l, x^{l+n}). ``matrix[n-1][l-1]``: L rows of L values."""
+    """The paper's layout: x = block l, y = n; colour = d(x^l, x^{l+n}) on a log scale (the deep blocks' small
+    distances stay readable next to block 1's). ``matrix[n-1][l-1]``: L rows of L values."""
     L = len(matrix)
     if not L or any(len(row) != L for row in matrix):
         raise DepthlabError(f"angular heatmap: the matrix must hold L rows of L values (matrix[n-1][l-1]); got rows of "
                             f"{sorted({len(row) for row in matrix})} values for {L} rows")
     m = np.array([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
     fig, ax = subplots(figsize=(6.4, 5.2))
-    im = ax.imshow(m, origin="lower", cmap="viridis", vmin=0.0, vmax=max(0.5, float(np.nanmax(m))), aspect="auto",
+    im = ax.imshow(np.ma.masked_invalid(m), origin="lower", cmap="viridis", norm=log_norm(m), aspect="auto",
                    extent=(0.5, L + 0.5, 0.5, L + 0.5), interpolation="nearest")
     ax.set_xlabel("layer l (input of block l)")
     ax.set_ylabel("block size n  (distance to layer l+n)")
     ax.set_xticks(ticks(L))
     ax.set_yticks(ticks(L))
-    fig.colorbar(im, ax=ax, label="angular distance  arccos(cos)/π")
+    fig.colorbar(im, ax=ax, label="angular distance  arccos(cos)/π  (log colour scale)")
     ax.set_title(title or "Angular distance d(x^l, x^{l+n})", fontsize=10)
     return save(fig, path)
 
 
-def adjacent_angular(adjacent: Sequence[float], path: str | Path, threshold: float | None = None, title: str = "") -> Path:
-    """d(x^l, x^{l+1}) per block l: how much each block turns the residual stream."""
+def adjacent_angular(adjacent: Sequence[float], path: str | Path, threshold: float | None = None, title: str = "",
+                     scheme: str | None = None) -> Path:
+    """d(x^l, x^{l+1}) per block l: how much each block turns the residual stream (in the scheme's colour)."""
     L = len(adjacent)
     fig, ax = subplots(figsize=(6.4, 3.4))
-    ax.plot(range(1, L + 1), adjacent, marker="o", ms=3.5)
+    ax.plot(range(1, L + 1), adjacent, marker="o", ms=3.5, color=run_color(scheme))
     if threshold is not None:
         ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"near-identity threshold {threshold:g}")
         ax.legend(fontsize=8)
@@ -48,24 +50,25 @@ def adjacent_angular(adjacent: Sequence[float], path: str | Path, threshold: flo
 
 
 def removal_drop(delta_loss: Sequence[float], path: str | Path, base_loss: float | None = None,
-                 delta_acc: Sequence[float] | None = None, title: str = "") -> Path:
-    """Held-out loss increase when block l alone is removed (log scale), and the accuracy drop."""
+                 delta_acc: Sequence[float] | None = None, title: str = "", scheme: str | None = None) -> Path:
+    """Held-out loss increase when block l alone is removed (log scale; in the scheme's colour, grey where removing
+    the block lowers the loss), and the accuracy drop."""
     L = same_lengths("removal figure", delta_loss=delta_loss, **({"delta_acc": delta_acc} if delta_acc is not None
                                                                    else {}))
     n = 2 if delta_acc is not None else 1
     fig, axes = subplots(n, 1, figsize=(6.4, 3.2 * n), sharex=True, squeeze=False)
     ax = axes[0, 0]
     d = np.asarray(delta_loss, dtype=float)
-    ax.bar(range(1, L + 1), np.clip(d, 1e-4, None), color=np.where(d > 0, "tab:blue", "tab:green"))
+    ax.bar(range(1, L + 1), np.clip(np.abs(d), 1e-4, None), color=np.where(d > 0, run_color(scheme), "#b0b0b0"))
     ax.set_yscale("log")
-    ax.set_ylabel("Δ loss (nats, log)")
+    ax.set_ylabel("|Δ loss| (nats, log; grey: lower)")
     ax.grid(alpha=0.3, axis="y")
     full = f" (full model {base_loss:.3f})" if base_loss is not None else ""
     ax.set_title(title or ("Loss increase when one block is removed" + full),
                  fontsize=10)
     if delta_acc is not None:
         ax2 = axes[1, 0]
-        ax2.bar(range(1, L + 1), np.asarray(delta_acc) * 100, color="tab:orange")
+        ax2.bar(range(1, L + 1), np.asarray(delta_acc) * 100, color=run_color(scheme))
         ax2.axhline(0, color="k", lw=0.8)
         ax2.set_ylabel("Δ accuracy (points)")
         ax2.grid(alpha=0.3, axis="y")
@@ -74,16 +77,17 @@ def removal_drop(delta_loss: Sequence[float], path: str | Path, base_loss: float
     return save(fig, path)
 
 
-def variance_growth(variance: Sequence[float], mean_norm: Sequence[float], path: str | Path, title: str = "") -> Path:
+def variance_growth(variance: Sequence[float], mean_norm: Sequence[float], path: str | Path, title: str = "",
+                    scheme: str | None = None) -> Path:
     """Output variance of each block (state x^{l+1}; l = 0 is the embedding) and the residual norm."""
     S = same_lengths("variance figure", variance=variance, mean_norm=mean_norm)
     fig, (a1, a2) = subplots(1, 2, figsize=(9.6, 3.4))
-    a1.plot(range(S), variance, marker="o", ms=3.5)
+    a1.plot(range(S), variance, marker="o", ms=3.5, color=run_color(scheme))
     a1.set_yscale("log")
     a1.set_xlabel("block l  (0 = embedding output)")
     a1.set_ylabel("variance of output")
     a1.set_title("Layerwise output variance", fontsize=10)
-    a2.plot(range(S), mean_norm, marker="o", ms=3.5, color="tab:purple")
+    a2.plot(range(S), mean_norm, marker="o", ms=3.5, color=run_color(scheme))
     a2.set_yscale("log")
     a2.set_xlabel("block l  (0 = embedding output)")
     a2.set_ylabel("mean ‖x‖₂ per token")

@@ -62,7 +62,7 @@ class RecursionParams:
 class EmpiricalSetup:
     """The randomly initialised pre and lns models of the empirical check (:mod:`depthlab.analysis.theory.empirical`)."""
 
-    depth: int = 256  # blocks of the random models (every depth 1..depth is measured)
+    depth: int = 256  # blocks of the random models at most; as many as the recursions when fewer (every depth measured)
     d_model: int = 64  # width; narrow so hundreds of layers run in seconds on a CPU
     n_heads: int = 4  # attention heads
     d_ff: int | None = None  # MLP width; None = the tiny preset's ratio 2.75·d_model, rounded to a multiple of 8

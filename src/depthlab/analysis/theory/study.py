@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,9 @@ from typing import Any
 from depthlab.analysis.theory.empirical import measure_empirical
 from depthlab.analysis.theory.options import EmpiricalSetup, RecursionParams, check_int
 from depthlab.analysis.theory.recursions import recursion_report
+from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import write_json_atomic
+from depthlab.base.progress import user_logging
 from depthlab.base.provenance import versions
 
 log = logging.getLogger(__name__)
@@ -27,15 +30,42 @@ def run_theory(
     empirical: bool = True,
     command: str | None = None,
 ) -> dict[str, Any]:
-    """Recursions to ``depth`` (+ empirical check), written to ``out/theory.json`` and ``out/theory.png``."""
+    """Recursions to ``depth`` (+ empirical check), written to ``out/theory.json`` and ``out/theory.png``.
+
+    ``out`` must be absent, empty, or hold an earlier theory output only (theory.json, theory.png: replaced);
+    a folder of other files is refused before any work. The empirical models are as deep as the recursions, at
+    most ``setup.depth`` (256 by default): ``depth=10`` measures 10-block models, in well under a second."""
+    with user_logging():
+        return _run_theory(depth, Path(out), params, setup, empirical, command)
+
+
+#: What a theory output folder holds (an earlier one is replaced; any other file makes the folder refused).
+OUTPUTS = ("theory.json", "theory.png")
+
+
+def check_theory_out(out: Path) -> None:
+    """Refuse, before any work, an ``out`` that is a file or holds other files than an earlier theory output."""
+    if out.exists() and not out.is_dir():
+        raise DepthlabError(f"--out {str(out)!r} is an existing file, not a directory")
+    others = sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS) if out.is_dir() else []
+    if others:
+        shown = ", ".join(others[:4]) + (f", … ({len(others)} entries)" if len(others) > 4 else "")
+        raise DepthlabError(f"--out {str(out)!r} holds other files than a theory output ({shown}); "
+                            "give a new or empty directory")
+
+
+def _run_theory(depth: int, out: Path, params: RecursionParams | None, setup: EmpiricalSetup | None,
+                empirical: bool, command: str | None) -> dict[str, Any]:
     from depthlab.analysis.plots.theory import plot_theory  # late: matplotlib only when drawing
 
     depth = check_int("depth", depth, 2)
+    check_theory_out(out)
     if setup is not None:
         setup.validate()  # fail before the (quick) recursions, not after
+        if setup.depth > depth:  # as deep as the recursions: --depth 10 measures 10-block models
+            setup = dataclasses.replace(setup, depth=depth)
     rec = recursion_report(depth, params)
     emp = measure_empirical(setup) if empirical else None
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     result = {
         "recursion": rec,
