@@ -15,8 +15,9 @@ SmolLM2 mode: ``depthlab prune smollm2 --remove 6 --method angular-block --heal 
 
 Each child's peak RSS comes from ``os.wait4`` (the kernel's high-water mark of that process), and a sampler reads
 the RSS of the child's whole process tree every second (its maximum and a coarse timeline, to see which stage
-peaks). The machine is shared: its load average before and after is recorded. Results:
-``benchmarks/results/prune_heal_<mode>_cpu.json`` with the CPU (``lscpu``), versions and the exact command.
+peaks). The machine is shared: its load average before and after is recorded. Results: ``prune_heal_<mode>_cpu.json``
+(in ``~/.cache/depthlab/bench-results`` unless ``--result FILE_OR_DIR``; ``--result benchmarks/results`` updates the
+committed one) with the CPU (``lscpu``), versions and the exact command.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import streamed_8b as s8  # noqa: E402  (the 8B-shaped checkpoint writer, machine info)
+from bench_out import result_path  # noqa: E402  (sibling module)
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 GB = 10**9
 
 
@@ -167,7 +168,7 @@ def main() -> None:
     record = {"command": "python " + shlex.join(["benchmarks/prune_heal.py", *sys.argv[1:]]), **s8.machine(),
               "lscpu": lscpu(), "shared": args.shared_note, **result}
     record["machine"]["load_average"], record["machine"]["load_average_after"] = load_before, list(os.getloadavg())
-    path = Path(args.result or RESULTS / f"prune_heal_{mode}_cpu.json")
+    path = result_path(f"prune_heal_{mode}_cpu.json", args.result)
     write_json_atomic(path, record)
     brief = {k: record.get(k) for k in ("loss", "goals", "seconds")}
     print(json.dumps({**brief, "peak_rss_bytes": record["prune_heal"]["peak_rss_bytes"],
