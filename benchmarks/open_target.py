@@ -104,9 +104,15 @@ def main() -> None:
     p.add_argument("--preset", default="llama-130m")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "depthlab" / "bench")
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "open_target_cpu.json")
+    p.add_argument("--out", default=None, help="folder or .json file (default: outside the checkout; "
+                   "--out benchmarks/results updates the committed result)")
     args = p.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_out import result_path
+
     from depthlab.base.provenance import versions
+
+    args.out = result_path("open_target_cpu.json", args.out)
 
     run = write_run(args.preset, args.cache_dir)
     trees = {"old": args.old.resolve(), "new": ROOT / "src"}

@@ -1,5 +1,6 @@
-"""Regenerate the parts of the docs that come from code: README.md's scheme table (from the registry) and
-docs/architecture.md's layer picture (from the imports, as scripts/check_import_cycles.py sees them).
+"""Regenerate the parts of the docs that come from code: README.md's scheme table (from the scheme registry),
+its "Supported models" table (from the family registry, depthlab.hf.architectures) and docs/architecture.md's
+layer picture (from the imports, as scripts/check_import_cycles.py sees them).
 
     python scripts/update_docs.py          # rewrite them in place
     python scripts/update_docs.py --check  # exit 1 if one is stale (the tests do the same check)
@@ -16,12 +17,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import check_import_cycles  # noqa: E402 - a sibling script
 
+from depthlab.hf.architectures import family_table  # noqa: E402
 from depthlab.models.schemes import scheme_table  # noqa: E402
 
 
 def blocks() -> list[tuple[Path, str, str]]:
     """(file, block name, generated text) for every generated block."""
     return [(ROOT / "README.md", "schemes", scheme_table()),
+            (ROOT / "README.md", "families", family_table()),
             (ROOT / "docs" / "architecture.md", "layers",
              "```\n" + check_import_cycles.draw(check_import_cycles.import_graph()) + "\n```")]
 

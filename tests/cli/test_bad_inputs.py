@@ -20,6 +20,7 @@ from depthlab.train import TrainConfig, train
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TINY = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64", "--tokenizer", "bytes",
         "--seq-len", "16", "--batch-size", "4", "--eval-tokens", "128", "--steps", "2", "--device", "cpu", "-q"]
+TINY_ANY_STEPS = [a for i, a in enumerate(TINY) if "--steps" not in TINY[max(i - 1, 0):i + 1]]  # the steps from a file
 
 
 def _rewrite_checkpoints(run: Path, config=None, tensors=None) -> None:
@@ -63,6 +64,58 @@ def _hf_dirs(ws: Path) -> None:
     save_file(weights, str(ws / "hf_nan" / "model.safetensors"), metadata={"format": "pt"})
 
 
+def _stream_dirs(ws: Path) -> None:
+    """A tiny sharded HF Llama with its tokenizer (``st``) and one damaged copy per way the streamed engine must
+    refuse before its first layer (issue 33): config.json claiming fewer layers than the weights hold, a NaN
+    weight, int32 weights, a shape mismatch, a tensor the index names but its shard lacks, a shard cut short, an
+    empty shard; and an HF directory whose ``pytorch_model.bin`` pickles more than tensors."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from streaming_models import hf_dir
+
+    base = hf_dir(ws, "llama", 3, max_shard_size="40KB").rename(ws / "st")
+
+    def variant(name: str, edit=None, config=None) -> None:
+        shutil.copytree(base, ws / name)
+        if config is not None:
+            cfg = json.loads((ws / name / "config.json").read_text())
+            (ws / name / "config.json").write_text(json.dumps({**cfg, **config}))
+        if edit is not None:
+            shard = next(f for f in sorted((ws / name).glob("*.safetensors"))[::-1]
+                         if any("mlp" in k for k in load_file(str(f))))  # the shard of the last MLP weights
+            weights = load_file(str(shard))
+            edit(weights, max(k for k in weights if "mlp" in k))
+            save_file(weights, str(shard), metadata={"format": "pt"})
+
+    def cut(name: str, keep) -> None:
+        shutil.copytree(base, ws / name)
+        shard = sorted((ws / name).glob("*.safetensors"))[-1]
+        shard.write_bytes(shard.read_bytes()[:keep(shard.stat().st_size)])
+
+    variant("st_cfg2", config={"num_hidden_layers": 2})
+    variant("st_nan", lambda w, k: w[k].view(-1).__setitem__(0, float("nan")))
+    variant("st_int", lambda w, k: w.__setitem__(k, (100 * w[k]).to(torch.int32)))
+    variant("st_shape", lambda w, k: w.__setitem__(k, w[k][:-1].clone()))
+    variant("st_missing", lambda w, k: w.pop(k))
+    cut("st_trunc", lambda n: n // 2)
+    cut("st_zero", lambda n: 0)
+    (ws / "hf_pickle").mkdir()
+    shutil.copy(ws / "hf" / "config.json", ws / "hf_pickle")
+    torch.save({"weight": torch.zeros(1), "code": dict}, ws / "hf_pickle" / "pytorch_model.bin")
+
+
+def _config_files(ws: Path) -> None:
+    """``--config`` files holding values the flags would refuse, or of the wrong type (issue 33)."""
+    files = {"steps_huge.json": {"steps": 1e26}, "heal_huge.json": {"remove": 1, "heal_steps": 1e22},
+             "tokens_huge.json": {"tokens": 1e20}, "data_int.json": {"data": 5}, "schemes_int.json": {"schemes": 5},
+             "plots_word.json": {"no_plots": "maybe"}, "d_model_huge.json": {"model": {"d_model": 1048576}},
+             "layers_huge.json": {"model": {"n_layers": 100000000}}}
+    for name, data in files.items():
+        (ws / name).write_text(json.dumps(data))
+    (ws / "a_dir").mkdir()
+    (ws / "dangling").symlink_to(ws / "nowhere")
+
+
 def _bad_files(ws: Path) -> None:
     """Task and SFT files that must be refused, each for one reason."""
     def jsonl(name: str, *rows) -> None:
@@ -98,6 +151,8 @@ def ws(tmp_path_factory):
     _rewrite_checkpoints(ws / "nanrun", tensors=lambda w: next(v for k, v in sorted(w.items()) if "blocks.1." in k
                                                                and v.is_floating_point()).view(-1)[0].fill_(float("nan")))
     _hf_dirs(ws)
+    _stream_dirs(ws)
+    _config_files(ws)
     _bad_files(ws)
     (ws / "a_file").write_text("I am a file\n")
     (ws / "empty.txt").write_text("\n\n")
@@ -110,7 +165,7 @@ def ws(tmp_path_factory):
 
 def snapshot(root: Path) -> dict:
     """Every path under root with its size and mtime (.lock: the PID of its last holder, not run content)."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")
+    return {str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in root.rglob("*")
             if p.name != ".lock"}
 
 
@@ -188,6 +243,59 @@ CASES = [
      "--loss-budget nan"),
     ("diagnose-jac-layers-zero", ["diagnose", "{ws}/run", "--jac-layers", "0", "--out", "{ws}/new"],
      "--jac-layers 0"),
+    # ---- issue 33: the streamed engine checks the whole checkpoint before its first layer
+    ("diagnose-stream-weights-beyond-config", ["diagnose", "{ws}/st_cfg2", "--stream", "--device", "cpu",
+                                               "--out", "{ws}/new"], "config.json says 2 layers, but the weights hold"),
+    ("prune-stream-weights-beyond-config", ["prune", "{ws}/st_cfg2", "--stream", "--remove", "1", "--device", "cpu",
+                                            "--out", "{ws}/new"], "layer(s) [2]"),
+    ("diagnose-stream-nan", ["diagnose", "{ws}/st_nan", "--stream", "--device", "cpu", "--out", "{ws}/new"],
+     "NaN/inf weights (model.layers.2.mlp"),
+    ("prune-stream-nan", ["prune", "{ws}/st_nan", "--stream", "--remove", "1", "--device", "cpu", "--out", "{ws}/new"],
+     "NaN/inf weights"),
+    ("diagnose-stream-int32", ["diagnose", "{ws}/st_int", "--stream", "--device", "cpu", "--out", "{ws}/new"],
+     "stored as I32"),
+    ("diagnose-stream-shape", ["diagnose", "{ws}/st_shape", "--stream", "--device", "cpu", "--out", "{ws}/new"],
+     "is [63, 32], the config makes it [64, 32]"),
+    ("diagnose-stream-index-lies", ["diagnose", "{ws}/st_missing", "--stream", "--device", "cpu", "--out", "{ws}/new"],
+     "but that file does not hold it"),
+    ("diagnose-stream-truncated", ["diagnose", "{ws}/st_trunc", "--stream", "--device", "cpu", "--out", "{ws}/new"],
+     "is cut short"),
+    ("prune-stream-truncated", ["prune", "{ws}/st_trunc", "--stream", "--remove", "1", "--device", "cpu",
+                                "--out", "{ws}/new"], "is cut short"),
+    ("diagnose-stream-empty-shard", ["diagnose", "{ws}/st_zero", "--stream", "--device", "cpu", "--out", "{ws}/new"],
+     "is empty (0 bytes)"),
+    # ---- issue 33: --config values pass the flags' checks, the work is estimated first
+    ("train-config-steps-huge", ["train", *TINY_ANY_STEPS, "--config", "{ws}/steps_huge.json", "--data", "{ws}/corpus.jsonl",
+                                 "--out", "{ws}/new"], "tokens, more than depthlab accepts"),
+    ("train-steps-huge", ["train", *TINY, "--steps", "10000000000000000", "--data", "{ws}/corpus.jsonl",
+                          "--out", "{ws}/new"], "lower --steps"),
+    ("prune-config-heal-steps-huge", ["prune", "{ws}/run", "--config", "{ws}/heal_huge.json", "--out", "{ws}/new"],
+     "--heal-steps 10000000000000000000000"),
+    ("diagnose-config-tokens-huge", ["diagnose", "{ws}/run", "--config", "{ws}/tokens_huge.json", "--out", "{ws}/new"],
+     "--tokens 100000000000000000000"),
+    ("train-config-d-model-huge", ["train", "--config", "{ws}/d_model_huge.json", "--tokenizer", "bytes", "--data",
+                                   "{ws}/corpus.jsonl", "--out", "{ws}/new"], "d_model=1048576"),
+    ("train-config-n-layers-huge", ["train", "--config", "{ws}/layers_huge.json", "--tokenizer", "bytes", "--data",
+                                    "{ws}/corpus.jsonl", "--out", "{ws}/new"], "n_layers=100000000"),
+    ("train-memory", ["train", *TINY, "--set", "d_model=65536", "--set", "n_heads=64", "--set", "d_ff=65536",
+                      "--data", "{ws}/corpus.jsonl", "--out", "{ws}/new"], "GiB for weights, gradients and Adam"),
+    ("train-config-data-int", ["train", *TINY, "--config", "{ws}/data_int.json", "--out", "{ws}/new"],
+     "data must be a string, got 5"),
+    ("compare-config-schemes-int", ["compare", "--config", "{ws}/schemes_int.json", "--out", "{ws}/new"],
+     "schemes must be a list of strings, got 5"),
+    ("train-config-bool-word", ["train", *TINY, "--config", "{ws}/plots_word.json", "--data", "{ws}/corpus.jsonl",
+                                "--out", "{ws}/new"], "no_plots must be true or false, got 'maybe'"),
+    ("train-config-directory", ["train", *TINY, "--config", "{ws}/a_dir", "--out", "{ws}/new"], "is a directory"),
+    ("train-wandb-empty", ["train", *TINY, "--wandb", "", "--data", "{ws}/corpus.jsonl", "--out", "{ws}/new"],
+     "--wandb '' names nothing"),
+    ("diagnose-jac-layers-twice", ["diagnose", "{ws}/run", "--jac-layers", "1,1", "--out", "{ws}/new"],
+     "--jac-layers 1,1 names a block twice"),
+    ("diagnose-jac-layers-beyond", ["diagnose", "{ws}/run", "--jac-layers", "99", "--device", "cpu",
+                                    "--out", "{ws}/new"], "the model has blocks 1..2"),
+    ("prune-out-dangling-symlink", ["prune", "{ws}/run", "--remove", "1", "--out", "{ws}/dangling"],
+     "which does not exist"),
+    ("diagnose-hf-pickle", ["diagnose", "{ws}/hf_pickle", "--device", "cpu", "--out", "{ws}/new"],
+     "refusing to unpickle"),
     # ---- export
     ("export-hf-is-file", ["export", "{ws}/run", "--hf", "{ws}/a_file"], "a_file"),
     ("export-hf-under-file", ["export", "{ws}/run", "--hf", "{ws}/a_file/hf"], "a_file"),
@@ -320,7 +428,8 @@ def test_bad_input(ws, argv, needle, capsys, caplog, monkeypatch, tmp_path):
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"depthlab {argv[0]}: error:"), lines
     assert needle in lines[0], lines[0]
-    assert "1000000000" not in lines[0]  # no placeholder block count
+    assert "1000000000 blocks" not in lines[0]  # no placeholder block count
+    assert "weights_only" not in lines[0]  # never the advice to switch the pickle protection off
     assert "Traceback" not in captured.err + captured.out
     assert snapshot(ws) == before
     # refused before any work started: no training, diagnosis or pass over data logged or printed

@@ -140,11 +140,12 @@ def test_state_dict_keys_unchanged():
 
 
 def test_unsupported_architecture_names_supported_ones():
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=VOCAB, n_positions=32)
-    gpt2 = AutoModelForCausalLM.from_config(cfg)
+    cfg = transformers.OPTConfig(num_hidden_layers=2, hidden_size=16, ffn_dim=32, num_attention_heads=2,
+                                 vocab_size=VOCAB, max_position_embeddings=32, word_embed_proj_dim=16)
+    opt = AutoModelForCausalLM.from_config(cfg)  # a decoder family the registry does not hold
     with pytest.raises(ValueError) as err:
-        apply_layernorm_scaling(gpt2)
-    assert "'gpt2'" in str(err.value)
+        apply_layernorm_scaling(opt)
+    assert "'opt'" in str(err.value)
     assert all(t in str(err.value) for t in SUPPORTED_MODEL_TYPES)
     with pytest.raises(ValueError, match="not a Hugging Face"):
         apply_layernorm_scaling(nn.Linear(2, 2))

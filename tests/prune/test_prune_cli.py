@@ -143,14 +143,16 @@ def test_lora_healing_trains_adapters_merges_them_and_exports_a_plain_checkpoint
 
 
 def test_architecture_without_a_known_layer_list_is_refused(tmp_path, capsys):
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import OPTConfig, OPTForCausalLM  # a decoder family the registry does not hold
 
-    cfg = GPT2Config(vocab_size=300, n_embd=32, n_layer=3, n_head=2, bos_token_id=256, eos_token_id=256)
-    GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2")
-    byte_tokenizer().save_pretrained(tmp_path / "gpt2")
+    cfg = OPTConfig(vocab_size=300, hidden_size=32, ffn_dim=64, num_hidden_layers=3, num_attention_heads=2,
+                    word_embed_proj_dim=32, bos_token_id=256, eos_token_id=256, pad_token_id=1)
+    OPTForCausalLM(cfg).save_pretrained(tmp_path / "opt")
+    byte_tokenizer().save_pretrained(tmp_path / "opt")
+    capsys.readouterr()  # transformers' save progress bar
     out = tmp_path / "out"
-    _exit_2(["prune", str(tmp_path / "gpt2"), "--remove", "1", "--out", str(out), *FAST], capsys,
-            "cannot prune architecture 'gpt2'", "llama")
+    _exit_2(["prune", str(tmp_path / "opt"), "--remove", "1", "--out", str(out), *FAST], capsys,
+            "cannot prune model type 'opt'", "llama, mistral")
     assert not out.exists()
 
 

@@ -15,9 +15,26 @@ class ConfigError(DepthlabError):
     """An invalid model or run configuration."""
 
 
+#: The most tokens one command may read or train on (steps x batch x sequence length, evaluation tokens): about
+#: 70 times the largest published LLM pre-training run. A larger number is a typo, refused before any work.
+MAX_TOKENS = 10**15
+
+
+def check_work(what: str, tokens: int, fix: str) -> None:
+    """Refuse, naming the request, work of more than :data:`MAX_TOKENS` tokens (``what``: how it was asked for;
+    ``fix``: the flag to lower)."""
+    if tokens > MAX_TOKENS:
+        raise DepthlabError(f"{what} = {tokens:.3g} tokens, more than depthlab accepts ({MAX_TOKENS:.0e}, about 70x "
+                            f"the largest published pre-training run); lower {fix}")
+
+
 def choices(valid: Iterable[str]) -> str:
     """``"choose one of: a, b, c"`` for error messages."""
     return "choose one of: " + ", ".join(str(v) for v in valid)
+
+
+#: What a refused pickle (one holding more than tensors) is called, wherever it surfaces.
+UNSAFE_PICKLE = "refusing to unpickle a file that holds more than tensors (not written by depthlab, or tampered with)"
 
 
 def first_line(err: BaseException) -> str:
@@ -27,6 +44,8 @@ def first_line(err: BaseException) -> str:
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
     if not lines:
         return type(err).__name__
+    if lines[0].startswith("Weights only load failed"):  # torch's advice to switch the protection off: never ours
+        return UNSAFE_PICKLE
     if not lines[0].endswith(":") or len(lines) == 1:
         return lines[0]
     return " ".join(lines)[:400]

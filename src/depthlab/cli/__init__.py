@@ -22,7 +22,7 @@ import sys
 import traceback
 import warnings
 
-from depthlab.base.errors import DepthlabError, first_line
+from depthlab.base.errors import UNSAFE_PICKLE, DepthlabError, first_line
 from depthlab.base.paths import check_local_target
 from depthlab.cli._options import apply_config_file
 from depthlab.cli._outputs import OutputGuard
@@ -93,7 +93,7 @@ def _one_line(err: BaseException, verbose: bool = False) -> str:
         where = f"{err.filename!r}: " if err.filename else ""
         return f"{where}{err.strerror}"
     if isinstance(err, pickle.UnpicklingError):
-        return "refusing to unpickle a file that holds more than tensors (not written by depthlab, or tampered with)"
+        return UNSAFE_PICKLE
     return f"{type(err).__name__}: {first_line(err)[:300]}" + ("" if verbose else " (run with -v for the traceback)")
 
 

@@ -179,6 +179,8 @@ def add_config_flag(parser: argparse.ArgumentParser) -> None:
 def read_config_file(path: str) -> dict[str, Any]:
     """The mapping in a YAML / JSON file; DepthlabError (one line) when it is missing or not a mapping."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise DepthlabError(f"--config {path!r} is a directory; give a YAML or JSON file")
     if not p.is_file():
         raise DepthlabError(f"--config {path!r} does not exist")
     try:
@@ -201,19 +203,61 @@ def read_config_file(path: str) -> dict[str, Any]:
     return data
 
 
+#: Strings a config file may give a true/false option (YAML's own spellings, quoted).
+BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+def _typed(action: argparse.Action, key: str, value: Any) -> Any:
+    """``value`` of a config file as the flag's type, or DepthlabError text naming what the key takes."""
+    conv = action.type
+    if isinstance(action, argparse.BooleanOptionalAction) or (action.nargs == 0 and isinstance(action.const, bool)):
+        word = BOOL_WORDS.get(value.strip().lower()) if isinstance(value, str) else None
+        if isinstance(value, bool) or word is not None:
+            return value if isinstance(value, bool) else word
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    if isinstance(action, argparse._AppendAction):  # --set KEY=VALUE, repeatable: one string or a list of them
+        value = [value] if isinstance(value, str) else value
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{key} must be a list of strings, got {value!r}")
+        return value
+    if conv is _int_list and isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if conv in (_int_list, _str_list) and isinstance(value, (list, tuple)):
+        kind = int if conv is _int_list else str
+        if not value or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+            raise ValueError(f"{key} must be a list of {'integers' if kind is int else 'strings'} (or a "
+                             f"comma-separated string), got {value!r}")
+        return list(value)
+    if isinstance(value, str):
+        if conv is int:  # "1e26", "3.0": integral numbers written as floats
+            try:
+                return int(value)
+            except ValueError:
+                number = float(value)
+                if not number.is_integer():
+                    raise ValueError(f"{key} must be an integer, got {value!r}") from None
+                return int(number)
+        return conv(value) if conv is not None else value
+    if conv is int and isinstance(value, float) and value.is_integer():
+        return int(value)  # JSON's 1e26
+    expected = {int: (int,), float: (int, float), str: (), None: (str,)}.get(conv, ())
+    if isinstance(value, bool) or not isinstance(value, expected):
+        what = {int: "an integer", float: "a number", _int_list: "a list of integers", _str_list: "a list of strings"}
+        raise ValueError(f"{key} must be {what.get(conv, 'a string')}, got {value!r} ({type(value).__name__})")
+    return float(value) if conv is float else value
+
+
 def _coerce(action: argparse.Action, key: str, value: Any, path: str) -> Any:
-    """A config value as the flag would have parsed it (strings through the flag's type; choices checked)."""
+    """A config value as the flag would have parsed it (strings through the flag's type; the type of every other
+    value checked; choices checked): one line naming the file, the key and what it takes."""
     try:
-        if isinstance(value, str) and action.type is not None:
-            value = action.type(value)
-        elif isinstance(value, list) and action.type in (_int_list, _str_list):
-            value = action.type(",".join(str(v) for v in value))
-    except (ValueError, TypeError, argparse.ArgumentTypeError) as err:
-        raise DepthlabError(f"--config {path!r}: {key}={value!r}: {first_line(err)}") from None
+        value = _typed(action, key, value)
+    except (ValueError, TypeError, OverflowError, argparse.ArgumentTypeError) as err:
+        text = first_line(err)
+        raise DepthlabError(f"--config {path!r}: " + (text if text.startswith(key) else f"{key}={value!r}: {text}")) \
+            from None
     if action.choices is not None and value not in action.choices:
         raise DepthlabError(f"--config {path!r}: {key}={value!r}; {choices(action.choices)}")
-    if isinstance(action, argparse.BooleanOptionalAction) and not isinstance(value, bool):
-        raise DepthlabError(f"--config {path!r}: {key} must be true or false, got {value!r}")
     return value
 
 

@@ -23,6 +23,8 @@ OUTPUT_ARGS = {"train": "out", "compare": "out", "diagnose": "out", "export": "h
 
 def check_output_dir(path: Path, flag: str) -> None:
     """Refuse, in one line, an output directory that cannot be created or written."""
+    if path.is_symlink() and not path.exists():
+        raise DepthlabError(f"{flag} {str(path)!r} is a symbolic link to {os.readlink(path)!r}, which does not exist")
     if path.exists() and not path.is_dir():
         raise DepthlabError(f"{flag} {str(path)!r} is an existing file, not a directory")
     parent = path

@@ -142,9 +142,8 @@ def _not_fresh(out: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from depthlab.analysis.diagnostics import diagnose
-    from depthlab.base.errors import DepthlabError
-    from depthlab.base.provenance import command_line
+    from depthlab.analysis.diagnostics.streamed import hold_state
+    from depthlab.analysis.diagnostics.streamed_runner import state_dir
     from depthlab.targets import load_target
 
     given = DIAGNOSE.given(args)
@@ -152,6 +151,16 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.target, device=device, dtype=weights, compute_dtype=compute, scheme=args.scheme,
                          progress=None if given.get("progress", True) else False, stream=given.get("stream"))
     streamed = target.plan.streamed  # the library chose (depthlab.targets.engine); the line says why
+    with hold_state(state_dir(out) if streamed else None, out):  # one streamed writer of out at a time
+        return _diagnose(args, given, target, device, out)
+
+
+def _diagnose(args: argparse.Namespace, given: dict, target, device, out: Path) -> int:
+    from depthlab.analysis.diagnostics import diagnose
+    from depthlab.base.errors import DepthlabError
+    from depthlab.base.provenance import command_line
+
+    streamed = target.plan.streamed
     if streamed and given.get("jacobian"):
         raise DepthlabError("--jacobian needs the model in memory (block Jacobians are not streamed); drop --jacobian "
                             "or add --no-stream")
@@ -162,8 +171,9 @@ def run(args: argparse.Namespace) -> int:
     given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), False if streamed else
                                                                   given.get("jacobian"), device.type, target.n_params,
                                                                   target.info.get("d_model"), given["seq_len"], line)
-    print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails
     opts = DiagnoseOptions(**given)  # progress: a bar on a terminal, ETA log lines otherwise
+    opts.check_blocks(target.info.get("n_layers"))  # --jac-layers 99 of a 4-block model: before any pass
+    print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails
     report = diagnose(target, opts, command=command_line(args.argv), out=out)
     return _publish(report, out, opts)
 

@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     versus = ("the healed model in memory" if report.get("heal") else "the original with those blocks skipped"
               ) + ", streamed" if target.plan.streamed else "in-memory pruned"
     generate = "not checked (too big to load)" if cached is None else "ok" if cached else "DIFFERS from no cache"
-    print(f"export check: max |Δ logit| = {exp['max_abs_logit_diff']:.3e} (reloaded vs {versus}), "
+    diff = exp["max_abs_logit_diff"]  # None: not finite (json_safe)
+    print(f"export check: max |Δ logit| = {'not finite' if diff is None else format(diff, '.3e')} (reloaded vs {versus}), "
           f"generate with KV cache {generate}")
     print(f"wrote {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) loads it; report: {out / 'report.html'}")
     if report.get("run_dir"):

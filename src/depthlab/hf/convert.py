@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from depthlab.base.errors import DepthlabError, choices
-from depthlab.hf.architectures import SUPPORTED_MODEL_TYPES
+from depthlab.hf.architectures import CONVERTIBLE_MODEL_TYPES
 from depthlab.hf.loading import load_pretrained
 from depthlab.models.config import ModelConfig
 from depthlab.models.configure import scheme_option
@@ -31,6 +31,8 @@ from depthlab.models.nn.norms import ChannelGain, RMSNorm, ScalarGain, Scale
 from depthlab.models.schemes import BASELINE_SCHEME, LNS_POSITIONS, SCHEMES, scheme_names
 
 log = logging.getLogger(__name__)
+#: The HF families converted into a depthlab DecoderLM (the Llama layout).
+SUPPORTED_MODEL_TYPES = CONVERTIBLE_MODEL_TYPES
 LNS_SCHEME = scheme_names(lns=True)[0]  # what an HF checkpoint marked with LNS (after-norm) loads as
 
 # depthlab key pattern -> HF key pattern (per-layer keys use {i})

@@ -1,4 +1,4 @@
-"""LayerNorm Scaling (LNS) for Hugging Face decoder models (Llama, Mistral, Qwen2, Qwen3).
+"""LayerNorm Scaling (LNS) for Hugging Face decoder models (every family of :mod:`depthlab.hf.architectures` with pre-norms).
 
     from depthlab.hf import apply_layernorm_scaling, fold_layernorm_scaling, load
     model = AutoModelForCausalLM.from_config(config)      # or from_pretrained(...)
@@ -8,15 +8,18 @@
     model = load("out")                                   # LNS restored from the marker
     vanilla = fold_layernorm_scaling(model)               # plain transformers model, same logits
 
-How: a forward hook on each decoder layer's ``input_layernorm`` and ``post_attention_layernorm``
-multiplies the norm's output by ``1/sqrt(l)`` (``l`` = 1-based layer position). A hook changes no
+How: a forward hook on each of a decoder layer's pre-norms (the family entry's ``pre_norms``: Llama's
+``input_layernorm`` and ``post_attention_layernorm``, Gemma's ``input_layernorm`` and ``pre_feedforward_layernorm``
+(its sandwich post-norms are not scaled), GPT-2's ``ln_1``/``ln_2``) multiplies the norm's output by ``1/sqrt(l)``
+(``l`` = 1-based layer position); a family without pre-norms (OLMo 2/3) is refused, saying why. A hook changes no
 class and no parameter, so state-dict keys stay those of the vanilla model, ``save_pretrained``
 writes a checkpoint any runtime can read, and ``torch.compile``, gradient checkpointing (the hook
 runs again on recomputation) and ``Trainer`` see an ordinary module. The scale is a Python float
 held by the hook object: nothing in the state dict, nothing for meta-device init to wipe.
 
-Qwen3's ``q_norm``/``k_norm`` inside attention and the final ``model.norm`` are not scaled
-(docs/paper.md §1.2: only the two pre-norms of each block).
+Qwen3's ``q_norm``/``k_norm`` inside attention and the final norm are not scaled (docs/paper.md §1.2: only
+the two pre-norms of each block). Folding multiplies the norm's affine output by the scale: ``weight`` (and a
+LayerNorm's ``bias``) times ``s``; a norm computing ``(1 + weight) * x̂`` (Gemma) gets ``weight' = (1 + weight)·s - 1``.
 
 The fact is recorded in ``model.config.layernorm_scaling`` (saved in ``config.json``). A *plain*
 ``AutoModelForCausalLM.from_pretrained`` of such a checkpoint ignores that field and builds the
@@ -34,13 +37,16 @@ import torch
 from torch import nn
 
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.architectures import SUPPORTED_MODEL_TYPES
+from depthlab.hf.architectures import Family, family_of, get_path, supporting
 from depthlab.models.schemes import lns_scale
 
 log = logging.getLogger(__name__)
 
-#: The two pre-norms of each decoder layer that LNS scales (docs/paper.md §1.2).
+#: The two pre-norms of a Llama-layout decoder layer that LNS scales (docs/paper.md §1.2); other families: their
+#: entry's ``pre_norms``.
 SCALED_NORMS: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+#: The model types LNS supports (the registry's families with pre-norms).
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(supporting("lns"))
 
 #: Name of the ``config`` field that records LNS; saved by ``save_pretrained``.
 CONFIG_KEY = "layernorm_scaling"
@@ -70,29 +76,28 @@ def _model_type(model: nn.Module) -> str:
     if model_type is None:
         raise DepthlabError(
             f"{type(model).__name__} is not a Hugging Face transformers model (no config.model_type); "
-            "LayerNorm Scaling for HF models supports: " + ", ".join(SUPPORTED_MODEL_TYPES)
+            "LayerNorm Scaling for HF models supports: " + ", ".join(supporting("lns"))
             + " (depthlab's own models: build them with scheme='lns')"
         )
     return model_type
 
 
+def _family(model: nn.Module) -> Family:
+    return family_of(_model_type(model), "lns")
+
+
 def _scaled_norms(model: nn.Module) -> Iterator[tuple[int, nn.Module]]:
-    """(1-based layer, norm module) for the two pre-norms of every decoder layer; checks support."""
-    model_type = _model_type(model)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise DepthlabError(
-            f"LayerNorm Scaling does not support architecture {model_type!r} "
-            f"({type(model).__name__}); supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    layers = getattr(getattr(model, "base_model", model), "layers", None)
+    """(1-based layer, norm module) for the pre-norms of every decoder layer; checks support."""
+    fam = _family(model)
+    layers = get_path(model, fam.layers)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
-        raise DepthlabError(f"{type(model).__name__} has no decoder layers at base_model.layers")
+        raise DepthlabError(f"{type(model).__name__} has no decoder layers at {fam.layers}")
     for layer, block in enumerate(layers, start=1):
-        for name in SCALED_NORMS:
+        for name in fam.pre_norms:
             norm = getattr(block, name, None)
             weight = getattr(norm, "weight", None)
             if not isinstance(weight, nn.Parameter) or weight.dim() != 1:
-                raise DepthlabError(f"decoder layer {layer - 1} of {type(model).__name__} has no RMSNorm {name!r}")
+                raise DepthlabError(f"decoder layer {layer - 1} of {type(model).__name__} has no norm {name!r}")
             yield layer, norm
 
 
@@ -101,8 +106,9 @@ def _hooks(norm: nn.Module) -> list[int]:
 
 
 def is_layernorm_scaled(model: nn.Module) -> bool:
-    """True when LNS hooks are active on ``model`` (not merely recorded in its config)."""
-    return any(_hooks(norm) for _, norm in _scaled_norms(model))
+    """True when LNS hooks are active on ``model`` (not merely recorded in its config); False for a family that has
+    no pre-norms to hook."""
+    return any(_hooks(module) for module in model.modules())
 
 
 def layernorm_scaling_marker(config: Any) -> dict[str, Any] | None:
@@ -128,14 +134,15 @@ def apply_layernorm_scaling(model: nn.Module) -> nn.Module:
     has no active hooks (a checkpoint read with plain ``from_pretrained``) gets LNS restored.
     """
     norms = list(_scaled_norms(model))  # validates the architecture first
+    n_pre = len(_family(model).pre_norms)
     if any(_hooks(norm) for _, norm in norms):
         raise DepthlabError("LayerNorm Scaling is already applied to this model; applying it twice would scale twice "
                             "(call remove_layernorm_scaling first)")
     layernorm_scaling_marker(model.config)  # an unknown marker is an error, not silently overwritten
     for layer, norm in norms:
         norm.register_forward_hook(LayerNormScalingHook(layer))
-    setattr(model.config, CONFIG_KEY, copy.deepcopy(MARKER))
-    log.info("LayerNorm Scaling applied to %d decoder layers of %s", len(norms) // 2, type(model).__name__)
+    setattr(model.config, CONFIG_KEY, {**copy.deepcopy(MARKER), "norms": list(_family(model).pre_norms)})
+    log.info("LayerNorm Scaling applied to %d decoder layers of %s", len(norms) // n_pre, type(model).__name__)
     return model
 
 
@@ -163,11 +170,20 @@ def fold_layernorm_scaling(model: nn.Module, inplace: bool = False) -> nn.Module
         raise DepthlabError("LayerNorm Scaling is not applied to this model; nothing to fold" + hint)
     folded = model if inplace else copy.deepcopy(model)
     scales = [(norm, _hook_scale(norm)) for _, norm in _scaled_norms(folded)]
+    offset = _family(folded).norm_offset
     remove_layernorm_scaling(folded)
     with torch.no_grad():
         for norm, scale in scales:
-            norm.weight.mul_(scale)
+            bias = getattr(norm, "bias", None)
+            fold_norm_(norm.weight, bias if isinstance(bias, nn.Parameter) else None, scale, offset)
     return folded
+
+
+def fold_norm_(weight: torch.Tensor, bias: torch.Tensor | None, scale: float, offset: float = 0.0) -> None:
+    """In place: a norm computing ``(offset + weight) * x̂ + bias`` made to compute ``scale`` times that."""
+    weight.copy_((weight.double() + offset).mul(scale).sub(offset).to(weight.dtype))
+    if bias is not None:
+        bias.mul_(scale)
 
 
 def _hook_scale(norm: nn.Module) -> float:
@@ -190,5 +206,5 @@ def load(path: str, auto_class: Any = None, **from_pretrained_kwargs: Any) -> nn
 __all__ = [
     "SUPPORTED_MODEL_TYPES", "SCALED_NORMS", "CONFIG_KEY", "MARKER", "LayerNormScalingHook",
     "apply_layernorm_scaling", "remove_layernorm_scaling", "fold_layernorm_scaling", "is_layernorm_scaled",
-    "layernorm_scaling_marker", "load",
+    "layernorm_scaling_marker", "load", "fold_norm_",
 ]

@@ -52,6 +52,23 @@ class JsonConfig:
         return cls.from_dict(json.loads(text))
 
 
+#: The largest model depthlab builds: blocks, width (d_model, d_ff, heads), and parameters of the blocks. Beyond
+#: them a config is a typo (``n_layers: 1e8``), refused before any memory is taken (building would hang).
+MAX_LAYERS, MAX_WIDTH, MAX_PARAMS = 10_000, 2**18, 10**13
+
+
+def check_size(cfg: Any) -> None:
+    """Refuse a model beyond :data:`MAX_LAYERS`, :data:`MAX_WIDTH` or :data:`MAX_PARAMS` (naming the field)."""
+    for name, top in (("n_layers", MAX_LAYERS), ("d_model", MAX_WIDTH), ("d_ff", MAX_WIDTH), ("n_heads", MAX_WIDTH)):
+        if getattr(cfg, name) > top:
+            raise ConfigError(f"{name}={getattr(cfg, name)} is beyond what depthlab builds: give {name} <= {top}")
+    d = cfg.d_model
+    params = cfg.n_layers * (4 * d * d + 3 * d * cfg.d_ff)
+    if params > MAX_PARAMS:
+        raise ConfigError(f"n_layers={cfg.n_layers}, d_model={d}, d_ff={cfg.d_ff} make about {params:.2g} parameters, "
+                          f"beyond what depthlab builds ({MAX_PARAMS:.0e}); lower n_layers or the width")
+
+
 def check_positive_ints(obj: Any, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -88,6 +105,7 @@ class SchemedConfig(JsonConfig):
 
     def validate(self) -> None:
         check_positive_ints(self, ("n_layers", "d_model", "n_heads", "d_ff"))
+        check_size(self)
         check_positive_numbers(self, ("norm_eps", "init_std"))
         self.check_scheme_fields()
 
@@ -155,6 +173,9 @@ class ModelConfig(SchemedConfig):
     def validate(self) -> None:
         super().validate()
         check_positive_ints(self, ("vocab_size", "max_seq_len"))
+        if self.vocab_size > 2**24 or self.max_seq_len > 2**24:
+            name = "vocab_size" if self.vocab_size > 2**24 else "max_seq_len"
+            raise ConfigError(f"{name}={getattr(self, name)} is beyond what depthlab builds: give {name} <= {2**24}")
         if self.head_dim is None and self.d_model % self.n_heads:
             raise ConfigError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # types only: the config module knows nothing of schemes; tor
 __all__ = [
     "Scheme", "Option", "SCHEMES", "BASELINE_SCHEME", "get_scheme", "lns_scale", "deepnorm_alpha", "deepnorm_beta",
     "layerscale_eps", "LNS_SLOTS", "LNS_POSITIONS", "scheme_table", "scheme_names", "Parts", "decoder_parts", "SchemeSpec",
-    "parse_scheme_spec", "OptimRules", "completep_multiplier",
+    "parse_scheme_spec", "OptimRules", "completep_multiplier", "attnres_slots",
 ]
 
 BASELINE_SCHEME = "pre"  # the scheme every comparison is measured against
@@ -198,7 +198,7 @@ class Parts:
     n_layers: int
     attention: Callable[[], "nn.Module"]  # a fresh attention branch, called as attn(x, rope)
     ffn: Callable[[], "nn.Module"]  # a fresh feed-forward branch
-    norm: Callable[..., "nn.Module"]  # norm(scale=1.0): a fresh norm whose output is multiplied by scale
+    norm: Callable[..., "nn.Module"]  # norm(scale=1.0, dim=None): a fresh norm (over dim, default d_model), output x scale
     group_norm: Callable[[int], "nn.Module"]  # group_norm(groups): normalises channel groups separately
 
 
@@ -209,7 +209,7 @@ def decoder_parts(cfg: "ModelConfig") -> Parts:
         return N.Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.qkv_bias, qk(), qk())
 
     return Parts(cfg.d_model, cfg.n_layers, attention, lambda: N.SwiGLU(cfg.d_model, cfg.d_ff),
-                 lambda scale=1.0: N.RMSNorm(cfg.d_model, cfg.norm_eps, scale=scale),
+                 lambda scale=1.0, dim=None: N.RMSNorm(dim or cfg.d_model, cfg.norm_eps, scale=scale),
                  lambda groups: N.GroupRMSNorm(cfg.d_model, groups, cfg.norm_eps))
 
 
@@ -360,6 +360,86 @@ _MHC_OPTIONS = (
 )
 
 
+# ------------------------------------------------------------- the 2026 depth schemes (docs/paper.md §9.9-9.12)
+def attnres_slots(n_layers: int, blocks: int) -> tuple[list[str], list[tuple[tuple[int, int], tuple[int, int]]]]:
+    """Attention Residuals' depth sources over ``n_layers`` layers: (the label of each source slot, and per
+    layer ``((attn_read, attn_write), (ffn_read, ffn_write))``: a sub-layer reads slots ``0 .. read-1`` and
+    adds its output into slot ``write``). Slot 0 is the embedding.
+
+    ``blocks = 0``: Full AttnRes, one slot per sub-layer output, each sub-layer reading every earlier one.
+    ``blocks = N``: Block AttnRes, the layers grouped into blocks of ceil(L/N) layers (the last one takes the
+    rest); slot n is block n's sum, to which its sub-layers add; the first sub-layer of block n reads the
+    completed blocks 0 .. n-1, the others also block n's partial sum (paper eq. 6; the official pseudo-code
+    starts a block at every ``block_size / 2``-th layer)."""
+    if blocks == 0:
+        labels = ["embedding"] + [f"{kind} {l}" for l in range(1, n_layers + 1) for kind in ("attn", "ffn")]
+        return labels, [((2 * l - 1, 2 * l - 1), (2 * l, 2 * l)) for l in range(1, n_layers + 1)]
+    size = -(-n_layers // blocks)  # layers per block
+    starts = list(range(1, n_layers + 1, size))
+    labels = ["embedding"] + [f"layers {a}-{min(a + size - 1, n_layers)}" if size > 1 else f"layer {a}" for a in starts]
+    layout = []
+    for l in range(1, n_layers + 1):
+        n, first = (l - 1) // size + 1, (l - 1) % size == 0
+        layout.append(((n if first else n + 1, n), (n + 1, n)))
+    return labels, layout
+
+
+def _attnres_depth(p: Parts, reader: str, labels: list[str], read: int) -> "nn.Module":
+    return N.DepthAttention(p.d_model, reader, tuple(labels[:read]))
+
+
+def _attnres(p, opts, layer):
+    labels, layout = attnres_slots(p.n_layers, opts["blocks"])
+    attn_slots, ffn_slots = layout[layer - 1]
+    return N.AttnResBlock(layer, p.attention(), p.ffn(), p.norm(), p.norm(),
+                          _attnres_depth(p, f"attn {layer}", labels, attn_slots[0]),
+                          _attnres_depth(p, f"ffn {layer}", labels, ffn_slots[0]), len(labels), attn_slots, ffn_slots)
+
+
+def _attnres_final(p, opts):
+    labels, _ = attnres_slots(p.n_layers, opts["blocks"])
+    return N.SourceCollapse(len(labels), _attnres_depth(p, "final", labels, len(labels)), p.norm())
+
+
+def _attnres_embed(p, opts):
+    return N.SourceExpand(len(attnres_slots(p.n_layers, opts["blocks"])[0]))
+
+
+def _gpas(p, opts, layer):
+    return _pre_block(p, layer, resid_scale=N.GradientPreservingScale())  # one gate, after both residual adds
+
+
+def _siamese(p, opts, layer):
+    return N.SiameseBlock(layer, p.attention(), p.ffn(), **{slot: p.norm() for slot in N.SiameseBlock.SLOTS})
+
+
+def _qkv_normed(p: Parts) -> "nn.Module":
+    """An attention whose queries, keys and values are each normalised per head (HybridNorm's QKV-norm)."""
+    attn = p.attention()
+    attn.q_norm, attn.k_norm, attn.v_norm = (p.norm(dim=attn.head_dim) for _ in range(3))
+    return attn
+
+
+def _hybridnorm(p, opts, layer):
+    if layer == 1 and opts["first_block"] == "pre":  # HybridNorm*: block 1 Pre-Norm in both sub-layers
+        return N.PreNormBlock(layer, _qkv_normed(p), p.ffn(), p.norm)
+    return N.HybridNormBlock(layer, _qkv_normed(p), p.ffn(), p.norm())
+
+
+def _own_qk_norm(cfg, opts) -> str | None:
+    if getattr(cfg, "qk_norm", False):  # a ViT config has no qk_norm field
+        return ("hybridnorm normalises queries, keys and values itself; qk_norm=True would add nothing "
+                "(leave qk_norm off)")
+    return None
+
+
+def _unpruned(cfg, opts) -> str | None:
+    if cfg.block_depths is not None:
+        return (f"attnres cannot run a pruned model (block_depths={cfg.block_depths}): its layers read depth "
+                "sources fixed by their position in the full model")
+    return None
+
+
 def admin_profile(model: "nn.Module") -> None:
     """Admin (Liu et al. 2020): set omega_i^2 = sum_{j<i} Var f_j from one profiling forward pass.
 
@@ -442,6 +522,22 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in [
            "stochastic", "Zhu et al. 2024 (HC); Xie et al. 2025 (mHC)", _mhc, options=_MHC_OPTIONS,
            build_embed_norm=lambda p, o: N.StreamExpand(o["streams"]),
            build_final_norm=lambda p, o: N.StreamCollapse(o["streams"], p.norm())),
+    Scheme("attnres", "Attention Residuals: each sub-layer reads a softmax(w_l . RMSNorm(v_i))-weighted sum of the "
+           "earlier outputs v_i (embedding, sub-layer or block outputs), w_l zero at init", "Kimi Team 2026 "
+           "(arXiv:2603.15031)", _attnres, build_embed_norm=_attnres_embed, build_final_norm=_attnres_final,
+           options=(number("blocks", 0, "0: Full AttnRes (every sub-layer output a source); N: Block AttnRes, the "
+                           "layers in N blocks whose sums are the sources", lo=0, hi=4096, integer=True, alias="block"),),
+           check=_unpruned),
+    Scheme("gpas", "GPAS: Pre-LN, after each residual add x - SiLU(g) * sg(x) (scaled forward, unscaled gradient); "
+           "one gate g per block, 0 at init", "Chen et al. 2025 (arXiv:2506.22049)", _gpas),
+    Scheme("siamese", "SiameseNorm: a Pre-Norm-like and a Post-Norm-like stream share every block; each branch "
+           "reads N(x + N(y)), adds to y, and / sqrt(2l) to x", "Li et al. 2026 (arXiv:2602.08064)", _siamese,
+           build_embed_norm=lambda p, o: N.StreamExpand(2),
+           build_final_norm=lambda p, o: N.SiameseCollapse(p.norm(), p.norm(), p.norm())),
+    Scheme("hybridnorm", "HybridNorm: x' = x + A(x) with q, k, v normalised per head; y = N(x') + F(N(x'))",
+           "Zhuo et al. 2025 (arXiv:2503.04598)", _hybridnorm, check=_own_qk_norm, extras={"own_qk_norm": True},
+           options=(choice("first_block", ("hybrid", "pre"), "hybrid",
+                           "block 1 like the others, or Pre-Norm with QKV-norm (HybridNorm*)"),)),
 ]}
 
 

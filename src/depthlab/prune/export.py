@@ -9,9 +9,10 @@ What changes in an HF causal LM when layers go:
 - the layer ``ModuleList`` keeps the surviving layers, in order;
 - every ``layer_idx`` attribute inside them (attention modules index the KV cache with it) is
   renumbered 0..k-1, so ``generate`` with a cache works;
-- ``config.num_hidden_layers`` becomes k; per-layer config lists (``layer_types``, ``no_rope_layers``)
-  are sliced; ``max_window_layers`` (Qwen2/Qwen3: layers below it attend fully) becomes the number of
-  surviving layers below it;
+- ``config.num_hidden_layers`` becomes k and every per-layer fact the family's entry names is cut
+  (:func:`depthlab.hf.architectures.cut_config`): per-layer lists (``layer_types``, ``mlp_layer_types``,
+  ``no_rope_layers``) sliced, index lists (``mlp_only_layers``, ``moe_layers``) renumbered, index rules
+  (``max_window_layers``, ``first_k_dense_replace``, ``decoder_sparse_step``) rewritten;
 - tied embeddings stay tied (the copy shares the embedding and head as the original does).
 
 A model with LayerNorm Scaling hooks (``depthlab.hf.apply_layernorm_scaling``) is folded first: each
@@ -33,13 +34,12 @@ from torch import nn
 
 from depthlab.analysis.diagnostics.capture import find_layers
 from depthlab.base.errors import DepthlabError
+from depthlab.hf.architectures import cut_config, family_of_model, split_path, supporting
 
 log = logging.getLogger(__name__)
 
 #: HF ``model_type`` values whose layer list, KV-cache indexing and per-layer config depthlab knows.
-PRUNABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-#: Config attributes holding one entry per layer.
-PER_LAYER_LISTS = ("layer_types", "no_rope_layers")
+PRUNABLE_MODEL_TYPES: tuple[str, ...] = tuple(supporting("prune"))
 
 
 def check_prunable(model: nn.Module) -> None:
@@ -53,34 +53,15 @@ def check_prunable(model: nn.Module) -> None:
         with torch.device("meta"):
             folded_state_dict(DecoderLM(model.cfg))  # raises DepthlabError naming the exportable schemes
         return
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in PRUNABLE_MODEL_TYPES:
-        raise DepthlabError(f"cannot prune architecture {model_type or type(model).__name__!r}: depthlab knows the "
-                            f"layer list of model types {', '.join(PRUNABLE_MODEL_TYPES)} (and depthlab runs)")
+    family_of_model(model, "prune")  # one line naming the families that can, or why this one cannot
     if not hasattr(model, "generate"):
         raise DepthlabError(f"{type(model).__name__} is not a causal LM; depthlab prune needs one")
     find_layers(model)
 
 
 def _layer_owner(model: nn.Module) -> tuple[nn.Module, str]:
-    """The module holding the layer ``ModuleList`` and its attribute name."""
-    layers = find_layers(model)
-    for module in model.modules():
-        for attr, child in module.named_children():
-            if child is layers:
-                return module, attr
-    raise DepthlabError(f"cannot locate the layer list inside {type(model).__name__}")
-
-
-def _slice_config(config: Any, keep: Sequence[int], n_layers: int) -> None:
-    for name in PER_LAYER_LISTS:
-        values = getattr(config, name, None)
-        if isinstance(values, (list, tuple)) and len(values) == n_layers:
-            setattr(config, name, [values[i] for i in keep])
-    mwl = getattr(config, "max_window_layers", None)
-    if isinstance(mwl, int):
-        config.max_window_layers = sum(1 for i in keep if i < mwl)
-    config.num_hidden_layers = len(keep)
+    """The module holding the layer ``ModuleList`` and its attribute name (the family entry's ``layers``)."""
+    return split_path(model, family_of_model(model, "prune").layers)
 
 
 def _plain_weights(model: nn.Module) -> None:
@@ -124,7 +105,7 @@ def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False)
             if hasattr(module, "layer_idx"):
                 module.layer_idx = new
     setattr(owner, attr, nn.ModuleList(layers[i] for i in keep))
-    _slice_config(model.config, keep, n)
+    cut_config(model.config, keep, n)
     return model
 
 

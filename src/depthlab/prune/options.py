@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from depthlab.base.errors import DepthlabError, check_int, check_number, choices
+from depthlab.base.errors import MAX_TOKENS, DepthlabError, check_int, check_number, check_work, choices
 
 METHODS = ("removal", "angular-block", "influence")  # how blocks are chosen (depthlab.prune.select)
 HEAL_MODES = ("full", "lora")
@@ -38,6 +38,8 @@ class HealOptions:
         check_int("--heal-warmup", self.warmup, 0)
         check_int("--heal-lora-rank", self.lora_rank, 1)
         check_int("--heal-seed", self.seed, 0, 2**32 - 1)
+        check_work(f"--heal-steps {self.steps} x --heal-batch-size {self.batch_size} x --seq-len {self.seq_len}",
+                   self.steps * self.batch_size * self.seq_len, "--heal-steps")
 
 
 @dataclass
@@ -78,10 +80,10 @@ class PruneOptions:
             check_number("--budget", self.budget, minimum=0)
         if self.blocks is not None:
             check_blocks(self.blocks, n_layers)
-        check_int("--tokens", self.tokens, 1)
+        check_int("--tokens", self.tokens, 1, MAX_TOKENS)
         check_int("--seq-len", self.seq_len, 2)
         check_int("--batch-size", self.batch_size, 1)
-        check_int("--latency-tokens", self.latency_tokens, 1)
+        check_int("--latency-tokens", self.latency_tokens, 1, MAX_TOKENS)
         self.heal.validate()
 
 

@@ -4,13 +4,13 @@
 
 Each source safetensors file becomes one output file holding its kept tensors, their bytes copied straight
 from the source file in chunks (a few MiB of memory whatever the model's size): the tensors of a removed
-layer are skipped, layer indices are renumbered (``model.layers.{old}.`` -> ``model.layers.{new}.``), and a
-checkpoint marked with LayerNorm Scaling gets each kept layer's two pre-norm weights multiplied by the
-1/sqrt(l) of its *original* depth l (as :func:`depthlab.hf.fold_layernorm_scaling` does in memory; the
-marker is dropped), so plain ``transformers`` loads the same function. The config is cut as
-:func:`depthlab.prune.export.drop_layers` cuts it (``num_hidden_layers``, per-layer lists,
-``max_window_layers``). Tensors keep the checkpoint's dtype. Every file is written under a temporary name
-and renamed; ``config.json`` comes last.
+layer are skipped, layer indices are renumbered (``model.layers.{old}.`` -> ``model.layers.{new}.``; the
+prefix is the family entry's ``layers``), and a checkpoint marked with LayerNorm Scaling gets each kept
+layer's pre-norms (weight, and bias where there is one) scaled by the 1/sqrt(l) of its *original* depth l
+(as :func:`depthlab.hf.fold_layernorm_scaling` does in memory; the marker is dropped), so plain
+``transformers`` loads the same function. The config is cut as :func:`depthlab.prune.export.drop_layers`
+cuts it (:func:`depthlab.hf.architectures.cut_config`). Tensors keep the checkpoint's dtype. Every file is
+written under a temporary name and renamed; ``config.json`` comes last.
 """
 
 from __future__ import annotations
@@ -26,29 +26,40 @@ import torch
 
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish
-from depthlab.prune.export import _slice_config
+from depthlab.hf.architectures import Family, cut_config, family_of
+from depthlab.targets.engine import gib
 from depthlab.targets.layerwise import INDEX_FILE, read_header, safetensors_files
 
 COPY_CHUNK = 16 << 20  # bytes copied at a time
-_LAYER_KEY = re.compile(r"^(model\.layers\.)(\d+)(\..*)$")
 
 
-def _renamed(name: str, renumber: dict[int, int]) -> str | None:
+def layer_key(fam: Family) -> re.Pattern:
+    """Checkpoint keys of the family's blocks: (prefix, index, rest)."""
+    return re.compile(rf"^({re.escape(fam.layers)}\.)(\d+)(\..*)$")
+
+
+def _renamed(name: str, renumber: dict[int, int], pattern: re.Pattern) -> str | None:
     """The key in the pruned checkpoint, or None for a tensor of a removed layer."""
-    m = _LAYER_KEY.match(name)
+    m = pattern.match(name)
     if m is None:
         return name
     old = int(m.group(2))
     return f"{m.group(1)}{renumber[old]}{m.group(3)}" if old in renumber else None
 
 
-def _folded(file: Path, name: str, scale: float) -> bytes:
-    """A pre-norm weight times its layer's LNS scale, in its own dtype, as raw bytes."""
+def _folded(file: Path, name: str, scale: float, offset: float) -> bytes:
+    """A pre-norm weight (or bias) with its layer's LNS scale folded in, in its own dtype, as raw bytes."""
     from safetensors import safe_open
 
+    from depthlab.hf.lns import fold_norm_
+
     with safe_open(str(file), "pt") as f:
-        t = f.get_tensor(name)
-    return (t * scale).contiguous().view(torch.uint8).numpy().tobytes()
+        t = f.get_tensor(name).clone()
+    if name.endswith(".bias"):
+        fold_norm_(torch.zeros(0), t, scale)
+    else:
+        fold_norm_(t, None, scale, offset)
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def _write_shard(src: Path, out: Path, keep: dict[str, str], folded: dict[str, bytes]) -> int:
@@ -85,13 +96,31 @@ def _write_shard(src: Path, out: Path, keep: dict[str, str], folded: dict[str, b
     return offset
 
 
+def module_keys(config: Any, keys: list[str]) -> dict[str, str]:
+    """Checkpoint key -> the module key transformers loads it into (the same but where the family's checkpoint
+    format renames, e.g. DeepSeek-V4's norms): which stored tensor is a pre-norm is decided on the module's name."""
+    from transformers import AutoModelForCausalLM
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, rename_source_key
+
+    with torch.device("meta"):
+        mapping = get_model_conversion_mapping(AutoModelForCausalLM.from_config(config))
+    if not mapping:
+        return {k: k for k in keys}
+    renamings = [t for t in mapping if not isinstance(t, WeightConverter)]
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+    return {k: rename_source_key(k, renamings, converters)[0] for k in keys}
+
+
 def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | None) -> tuple[Any, list[int], bool]:
-    """(the pruned config, the kept 0-based layers, whether LNS is folded) of the checkpoint in ``src``."""
+    """(the pruned config, the kept 0-based layers, whether LNS is folded) of the checkpoint in ``src``; refuses a
+    family that cannot be pruned, before anything is written."""
     from transformers import AutoConfig
 
     from depthlab.hf.lns import CONFIG_KEY, layernorm_scaling_marker
 
     config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
+    family_of(config.model_type, "prune")
     n = config.num_hidden_layers
     gone = set(removed)
     if sorted(b for b in gone if not 1 <= b <= n) or len(gone) >= n:
@@ -100,7 +129,7 @@ def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | No
     lns = layernorm_scaling_marker(config) is not None
     if lns:
         delattr(config, CONFIG_KEY)
-    _slice_config(config, keep, n)
+    cut_config(config, keep, n)
     if provenance is not None:
         config.depthlab = {**(getattr(config, "depthlab", None) or {}), **provenance}
     return config, keep, lns
@@ -111,34 +140,36 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
     """Write the checkpoint of ``src`` without blocks ``removed`` (1-based) into ``out``; returns what was
     written (files, bytes). Refuses, before writing anything, when the disk has no room for it."""
     from depthlab.hf.convert import hf_tokenizer
-    from depthlab.hf.lns import SCALED_NORMS
     from depthlab.models.schemes import lns_scale
 
     config, keep, lns = pruned_config(src, removed, provenance)
+    fam = family_of(config.model_type, "prune")
+    pattern = layer_key(fam)
     renumber = {old: new for new, old in enumerate(keep)}
     files = safetensors_files(src)
     plans = []
     for file in files:
-        names = {k: r for k in read_header(file) if (r := _renamed(k, renumber)) is not None}
+        names = {k: r for k in read_header(file) if (r := _renamed(k, renumber, pattern)) is not None}
         plans.append((file, names))
     need = sum(h["data_offsets"][1] - h["data_offsets"][0] for file, names in plans
                for k, h in read_header(file).items() if k in names)
     out.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(out).free
     if need > free:
-        raise DepthlabError(f"not enough disk for the pruned checkpoint in {str(out)!r}: it needs {need / 2**30:.2f} GiB, "
-                            f"{free / 2**30:.2f} GiB are free")
+        raise DepthlabError(f"not enough disk for the pruned checkpoint in {str(out)!r}: it needs {gib(need)}, "
+                            f"{gib(free)} are free")
     plans = [(f, names) for f, names in plans if names]
     single = len(plans) == 1
     weight_map, total = {}, 0
+    as_module = module_keys(config, [k for _, names in plans for k in names]) if lns else {}
     for k, (file, names) in enumerate(plans, start=1):
         shard = "model.safetensors" if single else f"model-{k:05d}-of-{len(plans):05d}.safetensors"
         folded = {}
         if lns:
             for old_name, new_name in names.items():
-                m = _LAYER_KEY.match(old_name)
-                if m and any(m.group(3) == f".{norm}.weight" for norm in SCALED_NORMS):
-                    folded[new_name] = _folded(file, old_name, lns_scale(int(m.group(2)) + 1))
+                m = pattern.match(as_module[old_name])
+                if m and any(m.group(3) in (f".{norm}.weight", f".{norm}.bias") for norm in fam.pre_norms):
+                    folded[new_name] = _folded(file, old_name, lns_scale(int(m.group(2)) + 1), fam.norm_offset)
         total += _write_shard(file, out / shard, names, folded)
         weight_map.update(dict.fromkeys(names.values(), shard))
     if not single:

@@ -132,10 +132,11 @@ class StreamedMeasure:
 def streamed_cost(target: StreamTarget, seq_len: int) -> dict[str, int]:
     """:func:`depthlab.prune.export.cost` from the checkpoint's tensor index: parameters, and forward FLOPs per
     token (2 per weight of every linear layer, LM head included, + 2·T·q_out per layer for attention)."""
-    index = target.source.store.index
-    layer = re.compile(r"^model\.layers\.\d+\.")
+    source = target.source
+    index = source.store.index
+    layer = re.compile(rf"^{re.escape(source.family.layers)}\.\d+\.")
     linear = sum(i.numel for k, i in index.items() if layer.match(k) and len(i.shape) == 2)
-    head = index.get("lm_head.weight") or index["model.embed_tokens.weight"]
+    head = index[source.keys_of(source.head_modules[-1])[0]]
     attn = sum(2 * seq_len * i.shape[0] for k, i in index.items() if layer.match(k) and k.endswith("q_proj.weight"))
     return {"params": sum(i.numel for i in index.values()), "flops_per_token": 2 * (linear + head.numel) + attn,
             "n_layers": target.source.n_layers}
@@ -175,14 +176,22 @@ def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, co
     """Prune ``target`` as ``opts`` says, reading it one layer at a time; write the HF checkpoint, ``prune.json``
     and ``report.html`` into ``out``, whole or not at all (a hidden sibling renamed once verified and reported;
     the sweeps' resume state lives beside it). Returns the report (:func:`depthlab.prune.prune_target`'s shape)."""
-    from depthlab.analysis.diagnostics.streamed import clear_state
-    from depthlab.base.fileio import publish_dir
-    from depthlab.prune.prune_report import write_report
+    from depthlab.analysis.diagnostics.streamed import hold_state
 
     t0, out = time.time(), Path(out)
     check_stream_target(target, opts, out)
     settings = settings or SweepSettings(progress=opts.progress)
     settings.state_dir = settings.state_dir or state_dir(out)
+    with hold_state(settings.state_dir, out):  # one writer of out and its resume state at a time
+        return _prune_streamed(target, opts, out, command, settings, t0)
+
+
+def _prune_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command: str | None, settings: SweepSettings,
+                    t0: float) -> dict[str, Any]:
+    from depthlab.analysis.diagnostics.streamed import clear_state
+    from depthlab.base.fileio import publish_dir
+    from depthlab.prune.prune_report import write_report
+
     batches = held_out_batches(target, opts)
     measure = StreamedMeasure(target, [SweepBatch(x, y) for x, y in batches], settings)
     if not measure.text:

@@ -5,35 +5,34 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from depthlab.base.errors import DepthlabError
+from depthlab.hf.architectures import FAMILIES, family_of, get_path
 from depthlab.models.decoder import SchemedModel
 
-#: Where HF models keep their layer list, relative to ``model.base_model`` (tried in order).
+#: Where other HF models (encoders, families not in depthlab.hf.architectures) keep their layer list, relative to
+#: ``model.base_model`` (tried in order).
 LAYER_PATHS: tuple[str, ...] = ("layers", "h", "blocks", "encoder.layer", "decoder.layers", "transformer.h",
                                 "model.layers", "layer")
 
 
-def _get_path(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
-
-
 def find_layers(model: nn.Module) -> nn.ModuleList:
-    """The ordered residual blocks of a depthlab ``DecoderLM`` or ``ViT``, or of a Hugging Face model."""
+    """The ordered residual blocks of a depthlab ``DecoderLM`` or ``ViT``, or of a Hugging Face model: a decoder
+    family's entry says where they sit (:mod:`depthlab.hf.architectures`); other models are searched."""
     if isinstance(model, SchemedModel):
         return model.blocks
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in FAMILIES:
+        fam = family_of(model_type, "diagnose")
+        layers = get_path(model, fam.layers)
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            return layers
     for root in (getattr(model, "base_model", None), model):
         if root is None:
             continue
         for path in LAYER_PATHS:
-            layers = _get_path(root, path)
+            layers = get_path(root, path)
             if isinstance(layers, nn.ModuleList) and len(layers) > 0:
                 return layers
     raise DepthlabError(

@@ -11,9 +11,10 @@
         logits = head(h)
 
 The model is built once on the meta device (a *skeleton*: no memory), from the checkpoint's config:
-transformers' own ``AutoModelForCausalLM`` for an HF directory (Llama, Mistral, Qwen2, Qwen3; LayerNorm
-Scaling restored from its config marker, as :func:`depthlab.hf.load` does), the run's ``DecoderLM`` for a
-depthlab run. A module is *materialised* by loading its tensors from the memory-mapped safetensors
+transformers' own ``AutoModelForCausalLM`` for an HF directory (every family of :mod:`depthlab.hf.architectures`
+that does not refuse streaming; LayerNorm Scaling restored from its config marker, as :func:`depthlab.hf.load` does;
+MoE experts stored one by one are fused by transformers' own checkpoint conversion, one layer at a time), the
+run's ``DecoderLM`` for a depthlab run. A module is *materialised* by loading its tensors from the memory-mapped safetensors
 files (``load_state_dict(assign=True)``) and *released* by moving it back to ``meta``, so one layer's
 tensors are alive at a time. How each layer is called (attention masks, rotary tables, per-layer
 attention types) is recorded from the model's own forward run once per sequence length with stub
@@ -28,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import struct
 import weakref
 from collections import Counter
 from collections.abc import Iterator
@@ -40,32 +40,23 @@ import torch
 from torch import nn
 
 from depthlab.base.errors import DepthlabError, first_line
+from depthlab.targets.verify import ST_DTYPE_BYTES, check_index, check_source, read_header  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-#: Bytes per element of the safetensors dtype names.
-ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                  "F8_E4M3": 1, "F8_E5M2": 1}
 INDEX_FILE = "model.safetensors.index.json"
 
 
 # ---------------------------------------------------------------------------------------------- files
-def read_header(path: str | Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (tensor name -> dtype, shape, data_offsets), no tensor read."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > 100_000_000:
-            raise DepthlabError(f"{str(path)!r} is not a safetensors file (header of {n} bytes)")
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return header
-
-
 def safetensors_files(path: Path) -> list[Path]:
     """The weight files of an HF directory: those its index names, else every ``*.safetensors``."""
     index = path / INDEX_FILE
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DepthlabError(f"{str(index)!r} is damaged: {first_line(err)[:120]}") from None
+        check_index(path, weight_map)
         return [path / name for name in dict.fromkeys(weight_map.values())]
     return sorted(path.glob("*.safetensors"))
 
@@ -259,6 +250,7 @@ class LayerSource:
             if bad is not None:
                 raise DepthlabError(f"the checkpoint holds NaN/inf weights ({self.keys_of(module)[local.index(bad)]}); "
                                     "refusing to use it")
+        self._fill_computed(module)  # before the weights: an initialisation may touch them too
         try:
             module.load_state_dict(state, strict=True, assign=True)
             module.requires_grad_(False)  # no autograd graph may keep a released layer's weights alive
@@ -267,6 +259,9 @@ class LayerSource:
         left = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
         if left:
             raise DepthlabError(f"cannot stream {type(module).__name__}: it holds tensors the checkpoint lacks {left[:3]}")
+
+    def _fill_computed(self, module: nn.Module) -> None:
+        """Tensors ``module`` computes rather than stores (none here; HF models: non-persistent buffers)."""
 
     @staticmethod
     def release(module: nn.Module) -> None:
@@ -332,35 +327,200 @@ class LayerSource:
         raise NotImplementedError
 
 
+class _Reached(Exception):
+    """Raised by the first layer's stand-in: the model's forward got as far as block 1 (its input is ``h``)."""
+
+    def __init__(self, h: torch.Tensor) -> None:
+        super().__init__("block 1 reached")
+        self.h = h
+
+
+class _StopAtFirst(nn.Module):
+    def forward(self, *args, **kwargs):
+        raise _Reached(args[0] if args and isinstance(args[0], torch.Tensor) else kwargs["hidden_states"])
+
+
+class _Zeros(nn.Module):
+    """Stands in for a stored embedding table while the layer calls are recorded: zeros of its width."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+
+    def forward(self, ids: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return torch.zeros(*ids.shape, self.width, device=ids.device)
+
+
+class _Given(nn.Module):
+    """Stands in for the base model under the LM head: returns the (normed) residual stream it is given."""
+
+    def __init__(self, h: torch.Tensor) -> None:
+        super().__init__()
+        self.h = h
+
+    def forward(self, *args, **kwargs):
+        return _Output(self.h)
+
+
+class _Output:
+    """A base model's output holding only the last hidden state (every other field None: caches, router logits)."""
+
+    def __init__(self, h: torch.Tensor) -> None:
+        self.last_hidden_state = h
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i != 0:
+            raise IndexError(i)
+        return self.last_hidden_state
+
+
+def _conversion(model: nn.Module, store: TensorStore) -> tuple[list, dict[str, list[str]]]:
+    """transformers' checkpoint conversion of ``model`` (MoE experts stored one by one, fused in the modules) and
+    each converted module key -> the checkpoint keys it is built from; ([], {}) when the checkpoint holds the
+    modules' own keys."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, rename_source_key
+
+    mapping = get_model_conversion_mapping(model)
+    if not mapping:
+        return [], {}
+    renamings = [t for t in mapping if not isinstance(t, WeightConverter)]
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+    sources: dict[str, list[str]] = {}
+    for key in store.index:
+        target, _ = rename_source_key(key, renamings, converters)
+        if target != key:
+            sources.setdefault(target, []).append(key)
+    return (mapping, sources) if sources else ([], {})
+
+
 class HFLayerSource(LayerSource):
-    """An HF causal LM directory: transformers' own classes, built from its config on the meta device."""
+    """An HF causal LM directory: transformers' own classes, built from its config on the meta device; where the
+    blocks and the final norm sit comes from the family's entry (:mod:`depthlab.hf.architectures`). Block 1's input
+    is what the model's own forward hands it (embedding scaled, position embeddings added: Gemma, GPT-2, Granite),
+    and the logits what the LM's own forward makes of the final norm's output (soft-capping, logit scaling)."""
 
     def __init__(self, path: Path, store: TensorStore, device: torch.device, dtype: torch.dtype,
                  compute_dtype: torch.dtype) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        from depthlab.hf.architectures import family_of, split_path
         from depthlab.hf.lns import apply_layernorm_scaling, layernorm_scaling_marker
 
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+        self.family = family_of(config.model_type, "stream")
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=compute_dtype)
         if layernorm_scaling_marker(model.config) is not None:
             apply_layernorm_scaling(model)  # hooks on the meta layers' norms: they stay through every load
-        base = model.base_model
-        rotary = base.rotary_emb
-        base.rotary_emb = type(rotary)(config=model.config).to(device)  # small and computed, not stored
-        self.skeleton, self.owner, self.layers_attr = model.eval(), base, "layers"
+        self.skeleton = model.eval()
+        self.owner, self.layers_attr = split_path(model, self.family.layers)
+        self.final_norm_attr = split_path(model, self.family.final_norm)
+        self.base_attr = self.family.layers.split(".")[0]  # the LM's base model, under its head
         names = self._names()
         embed, head = model.get_input_embeddings(), model.get_output_embeddings()
         tied = {f"{names[id(head)]}.weight": f"{names[id(embed)]}.weight"}
         super().__init__(store, device, dtype, compute_dtype, tied)
-        self.embed_modules, self.head_modules = (embed,), (base.norm, head)
-        self.final_norm_attr = (base, "norm")
+        self.mapping, self.sources = _conversion(model, store)
+        norm = getattr(*self.final_norm_attr)
+        inner = [m for m in self.owner.children() if m is not self.layers and m is not norm]
+        for m in inner:
+            if not m.state_dict():
+                self._fill_computed(m)  # rotary tables: small and computed, not stored; built once on the device
+        self.embed_modules = tuple(m for m in inner if m.state_dict())
+        self.head_modules = (norm, head)
+
+    # ------------------------------------------------------------------ checkpoint keys
+    def keys_of(self, module: nn.Module) -> list[str]:
+        """Checkpoint keys of ``module``'s tensors: those transformers converts them from, else its own (tied aliases
+        resolved)."""
+        if not self.sources:
+            return super().keys_of(module)
+        prefix = self._names()[id(module)]
+        out: list[str] = []
+        for key in (f"{prefix}.{k}" if prefix else k for k in module.state_dict()):
+            out.extend(self.sources.get(key) or [key if key in self.store else self.aliases.get(key, key)])
+        return list(dict.fromkeys(out))
+
+    def materialise(self, module: nn.Module) -> None:
+        prefix = self._names()[id(module)]
+        if any(k.startswith(f"{prefix}.") for k in self.sources):
+            self._materialise_converted(module)
+        else:
+            super().materialise(module)
+
+    def _materialise_converted(self, module: nn.Module) -> None:
+        """transformers' own loader, given this module's checkpoint tensors only (MoE experts fused as it fuses them)."""
+        from transformers.core_model_loading import convert_and_load_state_dict_in_model
+        from transformers.modeling_utils import LoadStateDictConfig
+
+        tensors = self.store.read(self.keys_of(module), self.dtype, self.device, self.compute_dtype)
+        self._fill_computed(module)  # before the weights: an initialisation may touch them too
+        convert_and_load_state_dict_in_model(self.skeleton, tensors,
+                                             LoadStateDictConfig(weight_mapping=self.mapping, dtype=self.compute_dtype))
+        del tensors
+        module.requires_grad_(False)
+        left = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
+        if left:
+            raise DepthlabError(f"cannot stream {type(module).__name__}: it holds tensors the checkpoint lacks {left[:3]}")
+
+    def _fill_computed(self, module: nn.Module) -> None:
+        """Non-persistent buffers (rotary tables, Gemma's embedding scale) made on the device by transformers' own
+        initialisation of the module that holds them."""
+        for sub in module.modules():
+            meta = [n for n in sub._non_persistent_buffers_set if getattr(sub, n, None) is not None and getattr(sub, n).is_meta]
+            if not meta:
+                continue
+            for n in meta:
+                setattr(sub, n, torch.empty_like(getattr(sub, n), device=self.device))
+            with torch.no_grad():
+                self.skeleton._init_weights(sub)
+
+    # ------------------------------------------------------------------ embedding, head, calls
+    @contextlib.contextmanager
+    def embedding(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """Token ids (B, T) -> the input of block 1 (B, T, D), as the model's own forward computes it."""
+        for m in self.embed_modules:
+            self.materialise(m)
+        try:
+            def embed(ids: torch.Tensor) -> torch.Tensor:
+                stops = nn.ModuleList([_StopAtFirst()])
+                with _swapped(self.owner, {self.layers_attr: stops}), torch.no_grad():
+                    try:
+                        self.owner(input_ids=ids, use_cache=False)
+                    except _Reached as reached:
+                        return reached.h
+                raise DepthlabError("the model's forward never called its first block; cannot stream it")
+            yield embed
+        finally:
+            for m in self.embed_modules:
+                self.release(m)
+
+    @contextlib.contextmanager
+    def head(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """Final norm, then the LM's own forward from there (LM head, soft-capping, logit scaling); released on exit."""
+        norm, lm_head = self.head_modules
+        for m in self.head_modules:
+            self.materialise(m)
+        try:
+            def head(h: torch.Tensor) -> torch.Tensor:
+                ids = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
+                with _swapped(self.skeleton, {self.base_attr: _Given(norm(h))}):
+                    return self.skeleton(input_ids=ids, use_cache=False).logits
+            yield head
+        finally:
+            for m in self.head_modules:
+                self.release(m)
 
     def _record(self, seq_len: int) -> None:
         D = self.skeleton.config.hidden_size
         dummy = torch.zeros(1, seq_len, D, dtype=self.compute_dtype, device=self.device)
-        with torch.no_grad():
+        stored = {name: _Zeros(getattr(m, "embedding_dim", D)) for name, m in self.owner.named_children()
+                  if any(m is e for e in self.embed_modules)}  # position tables added to inputs_embeds: zeros
+        with torch.no_grad(), _swapped(self.owner, stored):
             self.owner(inputs_embeds=dummy, use_cache=False)
 
 
@@ -420,7 +580,7 @@ class Located:
 
 def locate(name: str) -> Located | str:
     """The streamable checkpoint ``name`` designates, or a sentence saying why it is not streamable."""
-    from depthlab.hf.architectures import SUPPORTED_MODEL_TYPES
+    from depthlab.hf.architectures import family_of
 
     path = Path(name).expanduser()
     if not path.is_dir():
@@ -434,8 +594,10 @@ def locate(name: str) -> Located | str:
     except (OSError, ValueError) as err:
         return f"its config.json is unreadable ({first_line(err)[:100]})"
     model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model type {model_type!r} is not streamable; streaming knows {', '.join(SUPPORTED_MODEL_TYPES)}"
+    try:
+        family_of(model_type, "stream")
+    except DepthlabError as err:
+        return first_line(err)
     files = safetensors_files(path)
     if not files:
         return f"{name!r} holds no *.safetensors weights (streaming memory-maps safetensors files)"
@@ -475,10 +637,13 @@ def open_layerwise(name: str, device: str | torch.device = "cpu", dtype: torch.d
     compute_dtype = compute_dtype or dtype
     store = TensorStore(list(found.files))
     if found.kind == "run":
-        return _run_target(found, name, store, device, dtype, compute_dtype)
+        target = _run_target(found, name, store, device, dtype, compute_dtype)
+        check_source(target.source, str(found.path))  # the whole checkpoint, before the first layer
+        return target
     from depthlab.data.tokenizers import model_tokenizer
 
     source = HFLayerSource(found.path, store, device, dtype, compute_dtype)
+    check_source(source, str(found.path))  # the whole checkpoint, before the first layer
     cfg = source.skeleton.config
     info = {"source": str(found.path), "architecture": type(source.skeleton).__name__, "model_type": cfg.model_type,
             "n_layers": source.n_layers, "d_model": cfg.hidden_size, "n_heads": cfg.num_attention_heads,

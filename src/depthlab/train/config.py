@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from depthlab.base.errors import ConfigError, check_int, choices
+from depthlab.base.errors import ConfigError, check_int, check_work, choices
 from depthlab.base.precision import PRECISIONS
 from depthlab.models.config import JsonConfig, ModelConfig
 from depthlab.models.presets import PAPER_DEFAULTS, TRAIN_DEFAULTS
@@ -123,6 +123,9 @@ class TrainConfig(JsonConfig):
                 f"batch_size={self.batch_size} is not divisible by micro_batch_size={self.micro_batch_size}"
                 + (f" x world_size={world_size}" if world_size > 1 else "")
             )
+        check_work(f"steps {self.steps} x batch_size {self.batch_size} x seq_len {self.seq_len}",
+                   self.steps * self.batch_size * self.seq_len, "--steps")
+        check_work(f"eval_tokens {self.eval_tokens}", self.eval_tokens, "--eval-tokens")
         if self.warmup is not None and self.warmup_steps > self.steps:
             raise ConfigError(f"warmup={self.warmup!r} must be a fraction in [0, 1) or at most steps={self.steps}")
 
@@ -161,6 +164,10 @@ class TrainConfig(JsonConfig):
         check_int("seed", self.seed, 0, MAX_SEED)
         if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and 0 < self.grad_clip < math.inf):
             raise ConfigError(f"grad_clip must be positive or None, got {self.grad_clip!r}")
+        for name in ("wandb", "trackio", "run_group", "data", "tokenizer"):
+            v = getattr(self, name, None)
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                raise ConfigError(f"--{name.replace('_', '-')} {v!r} names nothing; give a name or leave it out")
         from depthlab.analysis.monitor.trackers import TrackerSpec  # torch-free
 
         TrackerSpec.of(self).require()  # a missing tracker package fails here, before anything is written

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from depthlab.base.errors import DepthlabError
+from depthlab.base.store.lock import check_resumable
 from depthlab.data import Tokenizer
 from depthlab.data.batches import SeededOrder
 from depthlab.data.sft import SFTDataset, get_template, load_records, pack_examples, pad_examples
@@ -65,6 +66,7 @@ def _resumed_source(out: Path) -> Source:
     from depthlab.data import load_tokenizer
 
     saved = read_json_object(out / "config.json")
+    check_resumable(out)
     if not saved or "finetune" not in saved:
         raise DepthlabError(f"cannot resume {str(out)!r}: not a fine-tuning run (no 'finetune' in config.json)")
     return Source(ModelConfig.from_dict(saved["model"]), {}, load_tokenizer(out / "tokenizer"),

@@ -96,6 +96,18 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, *
         D.teardown(env)
 
 
+def check_memory(n_params: int, cfg: TrainConfig, device: torch.device) -> None:
+    """Refuse, before anything is written, a model whose weights, gradients and Adam state (16 bytes a parameter;
+    12 with bf16 weights) exceed the device's free memory: it would only fail later, or swap for hours."""
+    from depthlab.targets.engine import available_memory, gib
+
+    need = n_params * (12 if cfg.weights == "bf16" else 16)
+    free = available_memory(device)
+    if free is not None and need > free:
+        raise DepthlabError(f"training {n_params:,} parameters needs about {gib(need)} for weights, gradients and Adam "
+                            f"state; {device.type} has {gib(free)} free: choose a smaller model or another device")
+
+
 def _device(cfg: TrainConfig, env: D.DistEnv | None = None) -> torch.device:
     """``cfg.device`` (unset: this rank's CUDA device when there is one, else the CPU), always indexed on CUDA
     (:func:`depthlab.base.devices.resolve_device`); before the process group exists (``env`` None) only its type
@@ -120,6 +132,7 @@ def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bo
         extra["tokenizer"] = start.tokenizer  # fine-tuning: the source's tokenizer (LMs)
     run = family.open_run(model_cfg, train_cfg, out, resume, env, **extra)  # bad input fails here or in the next
     n_params = family.family.num_params(run.model_cfg)
+    check_memory(n_params, run.cfg, device)  # weights, gradients and Adam state: before anything is written
     run = dataclasses.replace(run, cfg=run.cfg.replace(compile=choose_compile(run.cfg, device, n_params)))  # auto
     data = start.load_data(run.cfg, run.tokenizer, env) if start else family.load_data(run, env)  # line; no writes
     guard.create()  # a fresh run's directory, locked; removed again if set-up fails

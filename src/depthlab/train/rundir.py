@@ -21,6 +21,7 @@ from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import write_json_atomic
 from depthlab.base.provenance import command_line, versions
 from depthlab.base.store.integrity import data_fingerprint, fingerprint_change
+from depthlab.base.store.lock import check_resumable, stopped_before_first_checkpoint
 from depthlab.data import (
     DEFAULT_TOKENIZER,
     Tokenizer,
@@ -82,13 +83,22 @@ def open_run(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: 
     cfg = train_cfg.resolve(model_cfg, env.world_size)
     tok = tokenizer if tokenizer is not None and not resume else resolve_tokenizer(cfg, out, resume, env)
     cfg = cfg.replace(tokenizer=tok.spec)
-    model_cfg = model_cfg.replace(vocab_size=tok.vocab_size)
+    model_cfg = model_cfg.replace(vocab_size=embedding_rows(tok.vocab_size, model_cfg, saved, tokenizer is not None))
     changed, at = {}, None
     if saved is not None:
         check_inputs(saved, tok, cfg, out)  # first: a swapped tokenizer also changes vocab_size
         changed, at = check_resume(saved, model_cfg, cfg, out, allow_changed), latest_step(out)
     return RunSetup(out, model_cfg, cfg, tok, resume, saved, changed, defaulted=defaulted_keys(train_cfg),
                     resumed_at=at)
+
+
+def embedding_rows(n_tokens: int, model_cfg: ModelConfig, saved: dict[str, Any] | None, with_weights: bool) -> int:
+    """The model's vocabulary size: the tokenizer's for a fresh model; a model that comes with weights (``with_weights``:
+    fine-tuning, ``--init-from``) or a resumed run (``saved``) keeps its embedding when it is padded past the
+    tokenizer, as many HF models ship (Qwen2: 151936 rows for 151665 tokens)."""
+    rows = (saved.get("model") or {}).get("vocab_size") if saved is not None else \
+        model_cfg.vocab_size if with_weights else None
+    return rows if isinstance(rows, int) and rows >= n_tokens else n_tokens
 
 
 def check_fresh_out(out: Path) -> None:
@@ -99,7 +109,7 @@ def check_fresh_out(out: Path) -> None:
     if not out.is_dir():
         raise DepthlabError(f"--out {str(out)!r} is a file, not a directory; choose a new --out")
     held = sorted(p.name for p in out.iterdir() if p.name != ".lock")
-    if not held:
+    if not held or stopped_before_first_checkpoint(out):  # the latter: nothing to resume, started afresh
         return
     if (out / "config.json").is_file() and ((out / "checkpoint").is_dir() or (out / "metrics.jsonl").is_file()):
         at = latest_step(out)
@@ -162,6 +172,7 @@ def saved_config(out: Path) -> dict[str, Any]:
         raise DepthlabError(f"cannot resume {str(out)!r}: its config.json is unreadable ({err})") from None
     if not isinstance(saved, dict) or not {"model", "train"} <= saved.keys():
         raise DepthlabError(f"cannot resume {str(out)!r}: its config.json is not a depthlab run config")
+    check_resumable(out)
     return saved
 
 

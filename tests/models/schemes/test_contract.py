@@ -1,8 +1,8 @@
 """The contract every registered scheme keeps, run over the registry itself (no hand-kept name list):
 it builds, trains through the real trainer, checkpoints and resumes exactly, is diagnosed from its run
 directory, counts its parameters from its modules, round-trips its state dict, builds on the meta
-device, and either exports to a vanilla HF checkpoint with the same logits or is refused in one clear
-line."""
+device, compiles in one graph to the eager loss and gradients, and either exports to a vanilla HF
+checkpoint with the same logits or is refused in one clear line."""
 
 import math
 import shutil
@@ -127,6 +127,31 @@ def test_exports_with_the_same_logits_or_is_refused_in_one_line(scheme):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
+def test_compiles_without_graph_breaks_to_the_eager_loss_and_gradients(scheme):
+    """One graph (``fullgraph=True``: no Python control flow on tensor values), the same loss and gradients.
+    ``aot_eager`` runs dynamo and AOT autograd without generating C++ (the trainer's inductor is tested on LNS in
+    tests/train/test_fast_path.py)."""
+    torch._dynamo.reset()  # each scheme compiles DecoderLM.forward anew: stay under dynamo's recompile limit
+    model = d.build_model(small(scheme, n_layers=2))  # dynamo unrolls the blocks: two keep the trace short
+    with torch.no_grad():  # off the init: zero-initialised gains, gates and queries matter
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ids = torch.randint(0, 61, (2, 8))
+
+    def grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    eager_loss = model(ids, labels=ids.roll(-1, 1)).loss
+    eager = grads(eager_loss)
+    loss = torch.compile(model, backend="aot_eager", fullgraph=True)(ids, labels=ids.roll(-1, 1)).loss
+    assert loss.item() == pytest.approx(eager_loss.item(), rel=1e-6)
+    for name, g in grads(loss).items():
+        torch.testing.assert_close(g, eager[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_options_have_valid_defaults_and_bad_values_are_named(scheme):
     s = d.get_scheme(scheme)
     assert s.summary and s.source
@@ -141,6 +166,11 @@ def test_options_have_valid_defaults_and_bad_values_are_named(scheme):
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_qk_norm_works_with_every_scheme(scheme):
+    if d.get_scheme(scheme).extras.get("own_qk_norm"):  # normalises q and k itself: the flag is refused, by name
+        with pytest.raises(ConfigError, match="qk_norm") as err:
+            small(scheme, qk_norm=True)
+        assert "\n" not in str(err.value) and scheme in str(err.value)
+        return
     cfg = small(scheme, qk_norm=True)
     model = d.build_model(cfg)
     assert d.num_params(cfg) == d.num_params(small(scheme)) + cfg.n_layers * 2 * cfg.dim_head

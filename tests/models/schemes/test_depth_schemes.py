@@ -141,22 +141,27 @@ def test_reordered_block_normalises_only_the_branch_output():
 
 
 # ---------------------------------------------------------------------------------------- HC / mHC
-def naive_sinkhorn(logits, iters):
-    m = logits.exp()
-    for _ in range(iters):
-        m = m / m.sum(-1, keepdim=True)
-        m = m / m.sum(-2, keepdim=True)
+def naive_sinkhorn(logits, iters, floor=0.0):
+    """DeepSeek-V4's hc_split_sinkhorn on [out, in]: softmax over the output streams (+ floor), normalise over the
+    input streams, then iters - 1 rounds of (output streams, input streams), every denominator + floor."""
+    m = logits.exp() / logits.exp().sum(-2, keepdim=True) + floor
+    m = m / (m.sum(-1, keepdim=True) + floor)
+    for _ in range(iters - 1):
+        m = m / (m.sum(-2, keepdim=True) + floor)
+        m = m / (m.sum(-1, keepdim=True) + floor)
     return m
 
 
-def test_sinkhorn_is_doubly_stochastic_and_keeps_the_streams_sum():
+def test_sinkhorn_is_doubly_stochastic_and_mixes_streams_convexly():
     logits = torch.randn(5, 4, 4)
     m = sinkhorn(logits, 50)
     assert (m > 0).all()
-    torch.testing.assert_close(m.sum(-2), torch.ones(5, 4))  # columns: exact after the last step
-    torch.testing.assert_close(m.sum(-1), torch.ones(5, 4), atol=1e-4, rtol=0)
+    torch.testing.assert_close(m.sum(-1), torch.ones(5, 4))  # rows: exact after the last step
+    torch.testing.assert_close(m.sum(-2), torch.ones(5, 4), atol=1e-4, rtol=0)
+    v = torch.randn(5, 1, 16)
+    torch.testing.assert_close(m @ v.expand(5, 4, 16), v.expand(5, 4, 16))  # equal streams stay equal
     H = torch.randn(5, 4, 16)
-    torch.testing.assert_close((m @ H).sum(-2), H.sum(-2))  # the residual mix conserves the streams' sum
+    torch.testing.assert_close((m @ H).sum(-2), H.sum(-2), atol=1e-3, rtol=1e-3)  # the streams' sum, nearly
     torch.testing.assert_close(sinkhorn(logits, 3), naive_sinkhorn(logits, 3))
 
 
@@ -174,7 +179,7 @@ def streams_io(model, i, T=5):
 
 
 def test_mhc_dynamic_block_follows_the_mhc_equations():
-    """x~ = RMSNorm(vec x); H~ = alpha * (x~ phi) + b; H_pre = sigmoid, H_post = 2 sigmoid, H_res = Sinkhorn;
+    """x~ = RMSNorm(vec x); H~ = alpha * (x~ phi) + b; H_pre = sigmoid (+ floor), H_post = 2 sigmoid, H_res = Sinkhorn;
     x_{l+1} = H_res x_l + H_post^T F(H_pre x_l), for each of the two sub-layers (mHC, Xie et al. 2025)."""
     model = d.build_model(small("mhc", streams=3))
     randomize(model)
@@ -185,9 +190,9 @@ def test_mhc_dynamic_block_follows_the_mhc_equations():
         n = X.shape[-2]
         x = rms(X.flatten(-2))
         m = x @ hc.phi
-        pre = torch.sigmoid(hc.alpha[0] * m[..., :n] + hc.pre)
+        pre = torch.sigmoid(hc.alpha[0] * m[..., :n] + hc.pre) + 1e-6  # DeepSeek-V4's floor hc_eps
         post = 2 * torch.sigmoid(hc.alpha[1] * m[..., n:2 * n] + hc.post)
-        res = naive_sinkhorn(hc.alpha[2] * m[..., 2 * n:].reshape(*m.shape[:-1], n, n) + hc.res, 20)
+        res = naive_sinkhorn(hc.alpha[2] * m[..., 2 * n:].reshape(*m.shape[:-1], n, n) + hc.res, 20, 1e-6)
         out = f(torch.einsum("bti,btid->btd", pre, X))
         return torch.einsum("btij,btjd->btid", res, X) + post[..., None] * out[..., None, :]
 

@@ -9,6 +9,11 @@ Reading: a forward *pre*-hook on every layer records its hidden-state input ``x^
 hook on the last layer its output ``x^{L+1}``. This is the raw residual stream, never the model's
 ``hidden_states[-1]`` (which HF decoders return after the final norm).
 
+Multi-stream states: a block that passes an n-stream state ``(B, T, n, D)`` between blocks (DeepSeek-V4's mHC)
+is measured on the whole state, ``(B, T, n·D)``, the definition depthlab's own ``mhc`` scheme uses (its streams
+travel as one ``(B, T, n·D)`` tensor): angular distance, variance and removal all see every stream. The states
+returned are those flattened views; replay hands the blocks their own ``(B, T, n, D)`` shape back.
+
 Replay (layer removal): for the duration of one call, the ``forward`` of the first layers is
 replaced by a function that returns the *cached* input of the first removed block (no compute),
 and removed blocks pass their input straight on. The model's own ``forward`` then runs everything
@@ -56,8 +61,11 @@ class LayerCall:
     kwargs: dict  # keyword arguments (masks, rotary tables, ...)
     hidden_is_kwarg: bool  # the hidden states came as ``hidden_states=``
     tuple_out: int  # 0: the layer returned a tensor; n: a tuple of n items
+    streams: tuple[int, ...] = ()  # (n, D) of a multi-stream layer: h given and returned as (B, T, n·D)
 
     def __call__(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        if self.streams and h.dim() == 3:
+            return self(layer, h.unflatten(-1, self.streams)).flatten(2)
         if self.hidden_is_kwarg:
             out = layer(*self.args, **{**self.kwargs, "hidden_states": h})
         else:
@@ -73,6 +81,7 @@ class ResidualCapture:
     layers: Sequence[nn.Module]
     forward: Callable[[torch.Tensor], torch.Tensor | None]
     _tuple_out: list[int] = field(default_factory=list, repr=False)
+    _streams: tuple[int, ...] = field(default=(), repr=False)  # (n, D) of a multi-stream state; () for (B, T, D)
 
     @property
     def n_layers(self) -> int:
@@ -119,9 +128,12 @@ class ResidualCapture:
         if missing:
             raise DepthlabError(f"the model's forward did not run block(s) {missing[:5]}; cannot read its residual stream")
         self._tuple_out = tuple_out
+        if states[0].dim() == 4:  # (B, T, n, D): measured as the whole n-stream state
+            self._streams = tuple(states[0].shape[2:])
+            states = [st.flatten(2) for st in states]
         if keep_calls:
             for c, n in zip(calls, tuple_out):
-                c.tuple_out = n
+                c.tuple_out, c.streams = n, self._streams
             return out, states, calls  # type: ignore[return-value]
         return out, states  # type: ignore[return-value]
 
@@ -142,6 +154,8 @@ class ResidualCapture:
 
         def make(i: int):  # i: 1-based block
             n_out, emit = self._tuple_out[i - 1], states[first - 1] if (i == 1 and first > 1) else None  # type: ignore[index]
+            if emit is not None and self._streams and emit.dim() == 3:
+                emit = emit.unflatten(-1, self._streams)
 
             def forward(*args, **kwargs):
                 h = emit if emit is not None else _hidden_of(args, kwargs)

@@ -34,6 +34,7 @@ def diagnose(target: Any, opts: DiagnoseOptions | None = None, command: str | No
     ``settings``: the streamed sweep's (memory budget, rows per call, resume directory)."""
     opts = opts or DiagnoseOptions()
     target = target_for(target, opts.stream)
+    opts.check_blocks(target.info.get("n_layers"))  # --jac-layers against the model: before any pass over data
     if engine_of(target) == "streamed":
         return diagnose_streamed(target, opts, command, Path(out) if out is not None else None, settings)
     report = diagnose_in_memory(target, opts, command)

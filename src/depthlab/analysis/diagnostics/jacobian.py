@@ -35,6 +35,9 @@ def block_jacobian(layer: torch.nn.Module, call: LayerCall, h: torch.Tensor, t: 
         seq = base * (1 - onehot) + onehot * x  # x placed at position t (vmap/jacrev friendly)
         return call(layer, seq)[0, t]
 
+    if chunk_size is None:  # bound the vmapped batch of a wide state (mHC's streams, AttnRes' sources) to ~256 MB
+        chunk_size = max(1, (256 << 20) // (4 * (t + 1) * h.shape[-1] * 8))
+        chunk_size = None if chunk_size >= h.shape[-1] else chunk_size
     # the math SDPA kernel: the fused CPU/flash backward kernels have no vmap batching rule
     with torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]):
         jac = jacrev(f, chunk_size=chunk_size)(base[0, t])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from depthlab.base.errors import DepthlabError, check_int, check_number, choices
+from depthlab.base.errors import MAX_TOKENS, DepthlabError, check_int, check_number, choices
 
 SPLITS = ("auto", "val", "all", "train")
 
@@ -49,7 +49,7 @@ class DiagnoseOptions:
             raise DepthlabError(f"unknown {flag('split')} {self.split!r}; {choices(SPLITS)}")
         for name, low in (("tokens", 1), ("seq_len", 2), ("batch_size", 1), ("jac_samples", 1), ("jac_context", 1),
                           ("heatmap_dims", 1)):
-            check_int(flag(name), getattr(self, name), low)
+            check_int(flag(name), getattr(self, name), low, MAX_TOKENS)
         if self.mc_limit is not None:
             check_int(flag("mc_limit"), self.mc_limit, 1)
         check_int(flag("seed"), self.seed, 0, 2**32 - 1)
@@ -61,3 +61,15 @@ class DiagnoseOptions:
                                                          for b in blocks)):
                 raise DepthlabError(f"{flag(name)} {','.join(map(str, blocks)) or repr('')} is out of range: give "
                                     "1-based block numbers, e.g. 1,2")
+            if blocks is not None and len(set(blocks)) != len(blocks):
+                raise DepthlabError(f"{flag(name)} {','.join(map(str, blocks))} names a block twice; give each once")
+
+    def check_blocks(self, n_layers: int | None, prefix: str = "--") -> None:
+        """The block numbers of ``jac_layers`` / ``heatmap_layers`` against the model's ``n_layers`` blocks: run once
+        the model is loaded, before any pass over data."""
+        for name in ("jac_layers", "heatmap_layers"):
+            blocks = getattr(self, name) or []
+            bad = [b for b in blocks if n_layers is not None and b > n_layers]
+            if bad:
+                raise DepthlabError(f"{prefix}{name.replace('_', '-')} {','.join(map(str, blocks))} is out of range: "
+                                    f"the model has blocks 1..{n_layers}")

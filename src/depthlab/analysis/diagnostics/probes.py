@@ -14,18 +14,24 @@ numbers are ``diagnose``'s:
 - ``layer_norm_gain``    mean |γ| of block l's pre-norm weights (attention and FFN): the knob with which
                          an LNS block can undo its 1/√l (None for blocks without such norms);
 - ``layer_removal``      Δloss on the probe batch when block l is skipped (prefix reuse), optional:
-                         L partial forwards, the costly part on big models.
+                         L partial forwards, the costly part on big models;
+- ``depth_attention``    for Attention Residuals only: which earlier sources each sub-layer reads, the
+                         readers' softmax weights averaged over the probe's tokens (a dict, not a per-block
+                         list: :class:`~depthlab.analysis.diagnostics.depthmap.DepthMap`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from depthlab.analysis.diagnostics.angular import AngularAccumulator, adjacent
 from depthlab.analysis.diagnostics.capture import ResidualCapture, find_layers
+from depthlab.analysis.diagnostics.depthmap import DepthMap
 from depthlab.analysis.diagnostics.removal import RemovalAccumulator
 from depthlab.analysis.diagnostics.variance import VarianceAccumulator
 
@@ -58,18 +64,20 @@ def norm_gains(layers: list[nn.Module]) -> list[float | None]:
 @torch.no_grad()
 def depth_probe(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor | None = None, *,
                 removal: bool = True, forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                layers: Sequence[nn.Module] | None = None) -> dict[str, list[float | None]]:
+                layers: Sequence[nn.Module] | None = None) -> dict[str, Any]:
     """Every tracked quantity of ``model`` on one batch (``input_ids`` (B, T); ``labels`` (B, T) for
     the removal Δloss). ``forward(ids) -> logits`` defaults to ``model(ids).logits``; ``layers``, the
     blocks in order, to :func:`find_layers` (``depthlab.analysis.monitor`` passes those a user names)."""
     layers = list(find_layers(model) if layers is None else layers)
     L = len(layers)
     capture = ResidualCapture(model, layers, forward or (lambda ids: model(ids).logits))
-    logits, states = capture.run(input_ids)
+    depth_map = DepthMap.of(model)
+    with depth_map.recording() if depth_map is not None else contextlib.nullcontext():
+        logits, states = capture.run(input_ids)
     angular, variance = AngularAccumulator(L + 1), VarianceAccumulator(L + 1)
     angular.update(states)
     variance.update(states)
-    out: dict[str, list[float | None]] = {
+    out: dict[str, Any] = {
         "layer_variance": variance.result()["variance"][1:],
         "layer_angular": adjacent(angular.mean()),
         "layer_contribution": contribution(states),
@@ -79,6 +87,8 @@ def depth_probe(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor 
         acc = RemovalAccumulator(L)
         acc.update(capture, input_ids, labels, logits, states)
         out["layer_removal"] = acc.result()["delta_loss"]
+    if depth_map is not None:
+        out["depth_attention"] = depth_map.result()
     return out
 
 

@@ -38,6 +38,10 @@ def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
         r = report["removal"]
         figs["removal"] = P.removal_drop(r["delta_loss"], out / "removal.png", r["base_loss"],
                                          report.get("mc", {}).get("delta_acc"), scheme=scheme)
+    dm = report.get("depth_attention")
+    if dm:
+        figs["depth_attention"] = P.depth_attention_map(dm["weights"], dm["readers"], dm["sources"],
+                                                        out / "depth_attention.png", f"Depth attention\n{name}")
     jac = report.get("jacobian")
     if jac and jac.get("per_layer"):
         pl = jac["per_layer"]
@@ -150,6 +154,13 @@ def render_html(report: dict[str, Any], out: Path) -> str:
             parts.append(f"<p>Multiple choice ({html.escape(mc['file'])}, {mc['items']} items): "
                          f"acc {mc['acc']:.3f}, acc_norm {mc['acc_norm']:.3f}.</p>")
     parts += ["<h2>Variance and residual norm</h2>", _img(out, figs.get("variance"), "variance")]
+    if report.get("depth_attention"):
+        parts += ["<h2>Depth attention (Attention Residuals)</h2>",
+                  f"<p>Which earlier outputs each layer reads: the softmax weight of every reader (the input of each "
+                  f"attention and FFN, and of the final norm) on every source before it, averaged over "
+                  f"{report['depth_attention']['tokens']:,} tokens. A plain residual stream would weigh them all "
+                  f"equally; numbers in report.json (<code>depth_attention</code>).</p>",
+                  _img(out, figs.get("depth_attention"), "depth attention map")]
     jac = report.get("jacobian")
     if jac and jac.get("per_layer"):
         parts += ["<h2>Block Jacobians</h2>",

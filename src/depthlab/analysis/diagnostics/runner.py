@@ -22,6 +22,7 @@ import torch
 
 from depthlab.analysis.diagnostics.angular import AngularAccumulator, adjacent, pair_matrix_to_layout
 from depthlab.analysis.diagnostics.capture import capture_of
+from depthlab.analysis.diagnostics.depthmap import DepthMap
 from depthlab.analysis.diagnostics.jacobian import block_jacobians
 from depthlab.analysis.diagnostics.mc import MCAccumulator, load_mc
 from depthlab.analysis.diagnostics.options import DiagnoseOptions
@@ -93,6 +94,9 @@ def diagnose_in_memory(target: Target, opts: DiagnoseOptions | None = None, comm
     batches = target.batches_for(opts) if target.batches_for is not None else TextBatches(target, opts)
     streamed = _stream(cap, batches, target, opts)
     report = _stream_report(streamed, target, opts, batches, command)
+    depth_map = _depth_map(cap, batches)
+    if depth_map is not None:  # Attention Residuals: which earlier sources each layer reads
+        report["depth_attention"] = depth_map
     if opts.mc and target.causal and target.tokenizer is not None:
         report["mc"] = _mc(cap, target, opts, L)
     if opts.jacobian:
@@ -182,6 +186,19 @@ def _stream_report(acc: _Streamed, target: Target, opts: DiagnoseOptions, batche
     elif target.causal and acc.base_count:
         report["loss"] = {"loss": acc.base_loss / acc.base_count, "ppl": perplexity(acc.base_loss / acc.base_count)}
     return report
+
+
+@torch.no_grad()
+def _depth_map(cap, batches: TextBatches) -> dict[str, Any] | None:
+    """The depth-attention map (:mod:`~depthlab.analysis.diagnostics.depthmap`) over the same held-out batches,
+    one more forward each; None (and no forward) for a model without depth readers."""
+    acc = DepthMap.of(cap.model)
+    if acc is None:
+        return None
+    with acc.recording():
+        for x, _ in batches:
+            cap.forward(x)
+    return acc.result()
 
 
 def _mc(cap, target: Target, opts: DiagnoseOptions, L: int) -> dict[str, Any]:

@@ -28,19 +28,20 @@ fingerprint (checkpoint files, dtypes, streams, the token ids) decides whether a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from depthlab.base.errors import DepthlabError
+from depthlab.base.errors import DepthlabError, first_line
 from depthlab.base.fileio import publish, write_json_atomic
 from depthlab.base.progress import progress
 from depthlab.targets.engine import MEMORY_FRACTION, available_memory, gib
@@ -121,6 +122,7 @@ class PassState:
 
     def __init__(self, root: Path | None, name: str, fingerprint: str) -> None:
         self.dir = root / name if root is not None else None
+        self.fingerprint = fingerprint
         if self.dir is None:
             return
         plan = self.dir / "plan.json"
@@ -142,15 +144,44 @@ class PassState:
     def _load(self, name: str) -> Any:
         return torch.load(self._path(name), map_location="cpu", weights_only=True)
 
+    def _readable(self, read: Callable[[], Any]) -> Any:
+        """``read()``, or None after discarding this pass's saved state when a file of it is damaged (tampered
+        with, cut short): the pass then starts over, with a warning naming the directory."""
+        try:
+            return read()
+        except Exception as err:  # noqa: BLE001 - any damage: unpickling, truncation, a missing file, wrong content
+            assert self.dir is not None
+            log.warning("discarding the saved state in %s: it is damaged (%s); this pass starts over", self.dir,
+                        first_line(err)[:120])
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.dir / "plan.json", {"fingerprint": self.fingerprint}, indent=None)
+            return None
+
+    def applied(self, consumer: Consumer, saved: dict[str, Any]) -> bool:
+        """``consumer`` loaded from ``saved``; False (the state discarded, see :meth:`_readable`) when it does not fit."""
+        fresh = consumer.state_dict()
+
+        def load() -> bool:
+            try:
+                consumer.load_state_dict(saved)
+            except Exception:
+                consumer.load_state_dict(fresh)  # nothing of the damaged state stays
+                raise
+            return True
+        return bool(self._readable(load))
+
     def done(self) -> dict[str, Any] | None:
-        return self._load("done.pt") if self.dir is not None and self._path("done.pt").is_file() else None
+        if self.dir is None or not self._path("done.pt").is_file():
+            return None
+        return self._readable(lambda: self._load("done.pt"))
 
     def last_group(self) -> tuple[int, dict[str, Any]] | None:
         """(the last finished group, the consumer's sums after it)."""
         if self.dir is None:
             return None
         found = sorted(self.dir.glob("consumer-*.pt"))
-        return (int(found[-1].stem.split("-")[1]), self._load(found[-1].name)) if found else None
+        return self._readable(lambda: (int(found[-1].stem.split("-")[1]), self._load(found[-1].name))) if found else None
 
     def last_layer(self, group: int, keep_states: bool) -> tuple[int, list, list] | None:
         """(last saved layer j, the live streams after it, the base states x^1..x^{j+1}) of ``group``."""
@@ -159,9 +190,11 @@ class PassState:
         found = sorted(self.dir.glob(f"g{group:05d}-streams-*.pt"))
         if not found:
             return None
-        j = int(found[-1].stem.rsplit("-", 1)[1])
-        states = [self._load(f"g{group:05d}-states-{k:05d}.pt") for k in range(j + 1)] if keep_states else []
-        return j, self._load(found[-1].name), states
+        def read() -> tuple[int, list, list]:
+            j = int(found[-1].stem.rsplit("-", 1)[1])
+            states = [self._load(f"g{group:05d}-states-{k:05d}.pt") for k in range(j + 1)] if keep_states else []
+            return j, self._load(found[-1].name), states
+        return self._readable(read)
 
     def save_layer(self, group: int, j: int, streams: list[torch.Tensor], state: list[torch.Tensor] | None) -> None:
         if self.dir is None:
@@ -185,6 +218,50 @@ def clear_state(root: Path | None) -> None:
     """Remove the resume state once its results are written."""
     if root is not None and root.exists():
         shutil.rmtree(root, ignore_errors=True)
+
+
+_HELD: dict[Path, int] = {}  # state directories this process holds the lock of -> nesting depth
+
+
+@contextlib.contextmanager
+def hold_state(root: Path | None, out: Path | None = None) -> Iterator[None]:
+    """The one-writer lock of a streamed command's resume state (``root/.lock``, the run lock of ``train``), held
+    for the whole command: a second command writing the same ``out`` is refused in one line naming the holder's
+    PID, before it reads or writes anything. Re-entrant within a process. On exit, a state directory holding
+    nothing but the lock (no progress saved: e.g. a full disk) is removed again."""
+    from depthlab.base.store.lock import LOCK_NAME, RunLock
+
+    if root is None:
+        yield
+        return
+    key = root.resolve() if root.exists() else root.absolute()
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DepthlabError(f"cannot create the resume state {str(root)!r}: {err.strerror or err}") from None
+    lock = RunLock(root)
+    try:
+        lock.acquire()
+    except DepthlabError as err:
+        holder = first_line(err).split("in use by process ", 1)[-1].split(" ", 1)[0]
+        what = str(out) if out is not None else str(root)
+        raise DepthlabError(f"{what!r} is being written by another streamed command (process {holder}, which holds "
+                            f"{str(root / LOCK_NAME)!r}); wait for it to finish or choose another --out") from None
+    _HELD[key] = 1
+    try:
+        yield
+    finally:
+        del _HELD[key]
+        if root.is_dir() and all(p.name == LOCK_NAME for p in root.iterdir()):
+            shutil.rmtree(root, ignore_errors=True)
+        lock.release()
 
 
 # ---------------------------------------------------------------------------------------------- the engine
@@ -304,15 +381,13 @@ class Sweeper:
         t0 = time.perf_counter()
         self.stats.passes += 1
         done = state.done()
-        if done is not None:
-            consumer.load_state_dict(done)
+        if done is not None and state.applied(consumer, done):
             self.stats.resumed.append({"pass": name, "group": len(groups), "layer": L + 1})
             log.info("%s: finished in an earlier run; its saved results are used", name)
             return
         last = state.last_group()
         first = 0
-        if last is not None:
-            consumer.load_state_dict(last[1])
+        if last is not None and state.applied(consumer, last[1]):
             first = last[0] + 1
         desc = f"{name}: {L} layers, {len(streams)} stream" + ("s" if len(streams) > 1 else "")
         with progress(self._units(layout, batches, groups[first:]), desc, "block", self.settings.progress and show) as bar:

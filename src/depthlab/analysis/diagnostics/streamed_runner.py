@@ -25,7 +25,15 @@ from depthlab.analysis.diagnostics.mc import MCAccumulator, load_mc
 from depthlab.analysis.diagnostics.options import DiagnoseOptions
 from depthlab.analysis.diagnostics.removal import RemovalAccumulator, nll_sum
 from depthlab.analysis.diagnostics.runner import TextBatches, _stream_report, _Streamed
-from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, SweepSettings, clear_state, removal_streams
+from depthlab.analysis.diagnostics.streamed import (
+    Stream,
+    SweepBatch,
+    Sweeper,
+    SweepSettings,
+    clear_state,
+    hold_state,
+    removal_streams,
+)
 from depthlab.analysis.diagnostics.summary import removable_blocks, summary_sentence
 from depthlab.analysis.diagnostics.variance import VarianceAccumulator
 from depthlab.base.errors import DepthlabError
@@ -153,6 +161,12 @@ def diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions | None = None,
     settings = settings or SweepSettings(progress=opts.progress)
     if settings.state_dir is None and out is not None:
         settings.state_dir = state_dir(out)
+    with hold_state(settings.state_dir, out):  # one writer of the resume state (re-entrant: the CLI holds it too)
+        return _diagnose_streamed(target, opts, command, settings, t0)
+
+
+def _diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions, command: str | None, settings: SweepSettings,
+                       t0: float) -> dict[str, Any]:
     sweeper = Sweeper(target, settings)
     L = target.source.n_layers
     batches, text = text_batches(target, opts)

@@ -88,13 +88,48 @@ def split_probe(batch: ProbeBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(inputs, next-token labels) of a probe batch: token windows (B, T + 1) are shifted, as ``diagnose``
     reads held-out text; an ``(inputs, labels)`` pair is taken as it is (labels None: no removal sweep)."""
     if isinstance(batch, tuple | list):
-        if len(batch) != 2:
-            raise DepthlabError(f"a probe batch is a (B, T+1) tensor or an (inputs, labels) pair, not {len(batch)} items")
-        return batch[0], batch[1]
-    if not isinstance(batch, torch.Tensor) or batch.dim() != 2 or batch.shape[1] < 3:
-        shape = tuple(batch.shape) if isinstance(batch, torch.Tensor) else type(batch).__name__
-        raise DepthlabError(f"probe batch {shape}: expected token ids of shape (B, T + 1) with T >= 2")
+        if len(batch) != 2 or not isinstance(batch[0], torch.Tensor) or not (batch[1] is None
+                                                                              or isinstance(batch[1], torch.Tensor)):
+            raise DepthlabError(f"probe_batch: give a (B, T+1) tensor of token ids or an (inputs, labels) pair of "
+                                f"tensors, not a {type(batch).__name__} of {len(batch)} items")
+        inputs, labels = batch
+        _check_ids("probe_batch inputs", inputs, 2)
+        if labels is not None and (labels.shape != inputs.shape or labels.is_floating_point() or labels.is_complex()):
+            raise DepthlabError(f"probe_batch labels {tuple(labels.shape)} {labels.dtype}: give integer token ids of "
+                                f"the inputs' shape {tuple(inputs.shape)}")
+        return inputs, labels
+    _check_ids("probe_batch", batch, 3)
     return batch[:, :-1], batch[:, 1:]
+
+
+def _check_ids(what: str, ids: Any, min_len: int) -> None:
+    if not isinstance(ids, torch.Tensor):
+        raise DepthlabError(f"{what}: give a tensor of token ids of shape (B, T + 1), not a {type(ids).__name__}")
+    if ids.dim() != 2 or ids.shape[0] < 1 or ids.shape[1] < min_len:
+        raise DepthlabError(f"{what} {tuple(ids.shape)}: expected token ids of shape (B, T{' + 1' if min_len == 3 else ''})"
+                            f" with B >= 1 and T >= 2")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise DepthlabError(f"{what} holds {str(ids.dtype).replace('torch.', '')} values; give integer token ids "
+                            "(torch.long)")
+    if int(ids.min()) < 0:
+        raise DepthlabError(f"{what} holds a negative token id ({int(ids.min())}); token ids start at 0")
+
+
+def check_probe_fits(model: nn.Module, inputs: torch.Tensor) -> None:
+    """The probe's token ids within the model's vocabulary and its length within the model's context (a longer
+    batch would measure positions the model was never built for, or fail inside its embedding)."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if not isinstance(embed, nn.Embedding):
+        embed = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    top = int(inputs.max())
+    if embed is not None and top >= embed.num_embeddings:
+        raise DepthlabError(f"probe_batch holds token id {top}, beyond the model's vocabulary of {embed.num_embeddings}")
+    config = getattr(model, "config", None) or getattr(model, "cfg", None)
+    context = next((getattr(config, k) for k in ("max_position_embeddings", "n_positions", "max_seq_len")
+                    if isinstance(getattr(config, k, None), int)), None)
+    if context is not None and inputs.shape[1] > context:
+        raise DepthlabError(f"probe_batch has {inputs.shape[1]} input tokens per row, more than the model's context of "
+                            f"{context}; give rows of at most {context} tokens (+1 for the labels)")
 
 
 class DepthMonitor:
@@ -105,11 +140,12 @@ class DepthMonitor:
                  forward: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise DepthlabError(f"every must be a positive number of steps, got {every!r}")
-        if not isinstance(removal_every, int) or removal_every < 0:
+        if not isinstance(removal_every, int) or isinstance(removal_every, bool) or removal_every < 0:
             raise DepthlabError(f"removal_every must be a non-negative integer, got {removal_every!r}")
         self.model, self.every, self.removal_every = model, every, removal_every
         self.layers = resolve_layers(model, layers)
         self.inputs, self.labels = split_probe(probe_batch)
+        check_probe_fits(model, self.inputs)
         self.removal = removal and self.labels is not None
         self.forward = forward or default_forward(model)
         self.records: list[dict[str, Any]] = []  # {"step": s, "layer_angular": [...], ...} per probe, as metrics.jsonl
@@ -153,6 +189,10 @@ class DepthMonitor:
         """After optimizer step ``step`` (0: before training): when a probe is due, run it, keep its
         record in :attr:`records` and return its scalars (:func:`depthlab.analysis.monitor.names.probe_scalars`);
         else None."""
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise DepthlabError(f"step must be a non-negative integer (the optimizer step), got {step!r}")
+        if self.last_step is not None and step < self.last_step:
+            raise DepthlabError(f"step {step} comes after step {self.last_step}: give the steps in increasing order")
         if not self.due(step, last):
             return None
         removal, before = self.removal_due(step, last), self.seconds
@@ -167,6 +207,9 @@ class DepthMonitor:
     def write_figure(self, path: str, title: str = "") -> Any:
         """A block × step heatmap per tracked quantity of the probes so far (``depth_tracking.png`` of a run)."""
         from depthlab.analysis.monitor.charts import tracking_heatmap
+
+        if not self.records:
+            raise DepthlabError("no probe yet: call step() at a probe step (e.g. step(0)) before write_figure()")
 
         return tracking_heatmap(self.records, path, title)
 

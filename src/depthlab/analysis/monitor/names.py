@@ -45,6 +45,8 @@ def probe_scalars(series: Mapping[str, list[float | None]]) -> dict[str, float]:
     values, e.g. the norm gain of a block without pre-norms, are left out) and each deepest-third mean."""
     out: dict[str, float] = {}
     for key, values in series.items():
+        if not isinstance(values, list):  # e.g. Attention Residuals' depth_attention map: not a per-block series
+            continue
         n = len(values)
         for block, v in enumerate(values, 1):
             if v is not None:

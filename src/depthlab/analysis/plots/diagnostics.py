@@ -142,3 +142,33 @@ def jacobian_summary(layers: Sequence[int], rel_dist: Sequence[float], diag_shar
     if title:
         fig.suptitle(title, fontsize=10)
     return save(fig, path)
+
+
+def depth_attention_map(weights: Sequence[Sequence[float | None]], readers: Sequence[str], sources: Sequence[str],
+                        path: str | Path, title: str = "") -> Path:
+    """Attention Residuals' depth map: row = a reader (the input of ``attn l``, ``ffn l`` or the final norm),
+    column = a source it may read (the embedding, a sub-layer output or a block sum); blank where the source
+    comes after the reader. Left: the softmax weight averaged over the tokens. Right: the same relative to a
+    uniform read (weight x number of sources read, log2; 0 = what a plain residual sum would give)."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    m = np.array([[np.nan if v is None else v for v in row] for row in weights], dtype=float)
+    R, S = m.shape
+    rel = np.log2(np.clip(m * np.sum(np.isfinite(m), axis=1, keepdims=True), 1e-6, None))
+    lim = max(1.0, float(np.nanmax(np.abs(rel))) if np.isfinite(rel).any() else 1.0)
+    fig, axes = subplots(1, 2, figsize=(min(4.0 + 0.4 * S, 22.0), min(2.4 + 0.2 * R, 12.0)))
+    step_s, step_r = max(1, S // 24), max(1, R // 24)
+    for ax, data, kw, label in ((axes[0], m, dict(cmap="viridis", vmin=0.0, vmax=max(float(np.nanmax(m)), 1e-9)),
+                                 "mean softmax weight"),
+                                (axes[1], rel, dict(cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -lim, lim)),
+                                 "log2(weight x sources read)")):
+        im = ax.imshow(np.ma.masked_invalid(data), aspect="auto", interpolation="nearest", **kw)
+        ax.set_xticks(range(0, S, step_s), [sources[i] for i in range(0, S, step_s)], rotation=90, fontsize=7)
+        ax.set_yticks(range(0, R, step_r), [readers[i] for i in range(0, R, step_r)], fontsize=7)
+        ax.set_xlabel("source (what is read)")
+        fig.colorbar(im, ax=ax, label=label)
+    axes[0].set_ylabel("reader (the input of)")
+    axes[0].set_title("weight", fontsize=9)
+    axes[1].set_title("against a uniform read (red: more, blue: less)", fontsize=9)
+    fig.suptitle(title or "Depth attention: which earlier outputs each layer reads", fontsize=10)
+    return save(fig, path)

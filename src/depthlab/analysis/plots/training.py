@@ -11,6 +11,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from depthlab.analysis.plots._base import colormap, run_color, save, subplots, ticks
+from depthlab.analysis.plots.diagnostics import depth_attention_map
 
 
 def layer_variance(steps: Sequence[int], variances: Sequence[Sequence[float]], path: str | Path, title: str = "") -> Path:
@@ -133,8 +134,8 @@ def depth_tracking(series: dict[str, tuple[Sequence[int], Sequence[Sequence[floa
 
 
 def run_figures(run_dir: str | Path) -> list[Path]:
-    """``layer_variance.png``, ``depth_tracking.png`` and ``loss.png`` of a run directory, from its
-    metrics.jsonl."""
+    """``layer_variance.png``, ``depth_tracking.png``, ``loss.png`` and (Attention Residuals) ``depth_attention.png``
+    of a run directory, from its metrics.jsonl."""
     run_dir = Path(run_dir)
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
     scheme = json.loads((run_dir / "config.json").read_text())["model"]["scheme"]
@@ -147,6 +148,11 @@ def run_figures(run_dir: str | Path) -> list[Path]:
     if len(tracked) > 1:
         series = {k: ([l["step"] for l in tracked if k in l], [l[k] for l in tracked if k in l]) for k in TRACKED_LABELS}
         out.append(depth_tracking(series, run_dir / "depth_tracking.png", f"Depth over training ({scheme})"))
+    maps = [l for l in lines if "depth_attention" in l]  # Attention Residuals: the last probe's depth map
+    if maps:
+        dm = maps[-1]["depth_attention"]
+        out.append(depth_attention_map(dm["weights"], dm["readers"], dm["sources"], run_dir / "depth_attention.png",
+                                       f"Depth attention at step {maps[-1]['step']} ({scheme})"))
     tr = [l for l in lines if "loss" in l]
     ev = [l for l in lines if "eval_loss" in l]
     if tr:

@@ -80,6 +80,42 @@ class RunLock:
         self.release()
 
 
+#: What a training run writes before its first checkpoint (and nothing else: a directory holding more is not one).
+FIRST_FILES = ("config.json", "metrics.jsonl", "tokenizer", "checkpoint", "summary.json", LOCK_NAME)
+
+
+def stopped_before_first_checkpoint(out: Path) -> bool:
+    """Whether ``out`` is a run directory whose training stopped (``kill -9``, a crash) before its first checkpoint:
+    a run's config.json, no checkpoint (only the hidden ``.tmp-*`` of an interrupted write), and nothing but what
+    a run writes first. Such a run holds nothing to resume: a fresh command on the same ``--out`` starts it
+    afresh (:meth:`RunGuard.create`), where any other existing directory is refused."""
+    import json
+
+    if not (out / "config.json").is_file() or any(p.name not in FIRST_FILES for p in out.iterdir()):
+        return False
+    ckpt = out / "checkpoint"
+    if ckpt.exists() and (not ckpt.is_dir() or any(not (p.name.startswith(".") and ".tmp-" in p.name) for p in ckpt.iterdir())):
+        return False
+    try:
+        saved = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and "train" in saved and "model" in saved
+
+
+def check_resumable(out: Path) -> None:
+    """Refuse, in one line saying what to do, a ``--resume`` of a run that stopped before its first checkpoint."""
+    if not stopped_before_first_checkpoint(out):
+        return
+    lock = RunLock(out)
+    if not lock.try_acquire_quietly():
+        raise DepthlabError(f"run directory {str(out)!r} is in use by another process (still before its first "
+                            "checkpoint); wait for it")
+    lock.release()
+    raise DepthlabError(f"cannot resume {str(out)!r}: it stopped before its first checkpoint, so there is nothing to "
+                        "resume; run the command that started it again (without --resume): it starts the run afresh")
+
+
 class RunGuard:
     """A run directory's lock and clean-up for one command (see :func:`run_guard`)."""
 
@@ -105,6 +141,15 @@ class RunGuard:
         except OSError as err:
             raise DepthlabError(f"cannot create {str(self.out)!r}: {err.strerror or err}") from None
         self.lock.acquire()  # refused: another process holds it, and nothing here is ours to remove
+        if stopped_before_first_checkpoint(self.out):  # nothing to resume there, and nobody writes it: start afresh
+            import logging
+
+            logging.getLogger(__name__).warning("%s holds a run stopped before its first checkpoint (nothing to "
+                                                "resume): starting it afresh", self.out)
+            for p in self.out.iterdir():
+                if p.name != LOCK_NAME:
+                    shutil.rmtree(p) if p.is_dir() else p.unlink()
+            was_empty = True
         if any(p.name != LOCK_NAME for p in self.out.iterdir()):
             self.lock.release()
             raise DepthlabError(f"run directory {str(self.out)!r} was created by another process meanwhile; "

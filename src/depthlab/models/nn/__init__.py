@@ -7,7 +7,8 @@ __all__ = [
     "Attention", "RotaryEmbedding", "SwiGLU", "GeluMLP", "RMSNorm", "GroupRMSNorm", "LayerNorm", "GroupLayerNorm",
     "Scale", "ScalarGain", "ChannelGain", "PreNormBlock", "PostNormBlock", "DyT", "Identity", "HyperBlock",
     "HyperConnection", "DynamicHyperConnection", "ManifoldHyperConnection", "DynamicManifoldHyperConnection",
-    "StreamExpand", "StreamCollapse",
+    "StreamExpand", "StreamCollapse", "HybridNormBlock", "GradientPreservingScale", "DepthAttention", "AttnResBlock",
+    "SourceExpand", "SourceCollapse", "SiameseBlock", "SiameseCollapse",
 ]
 
 __getattr__ = lazy_exports(__name__, {
@@ -16,7 +17,10 @@ __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("HyperBlock", "HyperConnection", "DynamicHyperConnection", "ManifoldHyperConnection",
                      "DynamicManifoldHyperConnection", "StreamExpand", "StreamCollapse"), "depthlab.models.nn.hyper"),
     **dict.fromkeys(("Attention", "RotaryEmbedding"), "depthlab.models.nn.attention"),
-    **dict.fromkeys(("PostNormBlock", "PreNormBlock"), "depthlab.models.nn.blocks"),
+    **dict.fromkeys(("PostNormBlock", "PreNormBlock", "HybridNormBlock"), "depthlab.models.nn.blocks"),
+    **dict.fromkeys(("DepthAttention", "AttnResBlock", "SourceExpand", "SourceCollapse"), "depthlab.models.nn.attnres"),
+    **dict.fromkeys(("SiameseBlock", "SiameseCollapse"), "depthlab.models.nn.siamese"),
+    "GradientPreservingScale": "depthlab.models.nn.gpas",
     **dict.fromkeys(("GeluMLP", "SwiGLU"), "depthlab.models.nn.mlp"),
     **dict.fromkeys(("ChannelGain", "GroupLayerNorm", "GroupRMSNorm", "LayerNorm", "RMSNorm", "ScalarGain", "Scale"),
                     "depthlab.models.nn.norms"),

@@ -44,11 +44,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Causal multi-head attention; ``q_norm`` / ``k_norm`` are QK-norm slots (``nn.Identity`` = off).
+    """Causal multi-head attention; ``q_norm`` / ``k_norm`` are QK-norm slots and ``v_norm`` HybridNorm's
+    value norm (``nn.Identity`` = off).
 
         x ─ q_proj ─ q_norm ─ RoPE ─┐
         x ─ k_proj ─ k_norm ─ RoPE ─┼─ softmax(q k^T / sqrt(hd)) v ─ o_proj ─►
-        x ─ v_proj ─────────────────┘
+        x ─ v_proj ─ v_norm ────────┘
 
     QK-norm as in Qwen3 and Gemma 3 normalises each head's query and key vector (over ``head_dim``)
     before RoPE, so the two norms hold ``head_dim`` weights each, shared across heads. (OLMo 2
@@ -57,7 +58,7 @@ class Attention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, qkv_bias: bool,
                  q_norm: nn.Module | None = None, k_norm: nn.Module | None = None, *, causal: bool = True,
-                 out_bias: bool = False) -> None:
+                 out_bias: bool = False, v_norm: nn.Module | None = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.causal = causal  # False: bidirectional (ViT)
@@ -67,13 +68,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=out_bias)
         self.q_norm = q_norm if q_norm is not None else nn.Identity()
         self.k_norm = k_norm if k_norm is not None else nn.Identity()
+        self.v_norm = v_norm if v_norm is not None else nn.Identity()
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """x: (B, T, D); ``rope`` the (cos, sin) tables, or None for models with learned positions (ViT)."""
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, hd)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_norm(self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.n_kv_heads != self.n_heads)

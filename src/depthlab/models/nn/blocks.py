@@ -73,3 +73,24 @@ class PostNormBlock(nn.Module):
         x = self.attn_norm(self.attn_resid(x) + self.attn_out(self.attn(self.attn_in(x), rope)))
         x = self.ffn_norm(self.ffn_resid(x) + self.ffn_out(self.ffn(self.ffn_in(x))))
         return x
+
+
+class HybridNormBlock(nn.Module):
+    """HybridNorm (Zhuo et al. 2025): QKV-norm inside the attention, Post-Norm around the FFN.
+
+        x ─┬─ attn (q, k, v normalised per head) ─┐
+           └─────────────────────────────────── (+) ─ ffn_norm ─┬─ ffn ─┐
+                                                                 └──── (+) ─► x'
+
+    The attention reads the raw stream (its q / k / v norms are slots of the attention module), and the
+    FFN sub-layer is ``N(h) + F(N(h))``: the stream itself is replaced by its normalised form, as in the
+    authors' OLMo code (``ffn_norm`` with ``ffn_residual_after_norm``)."""
+
+    def __init__(self, layer: int, attn: nn.Module, ffn: nn.Module, ffn_norm: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+        self.attn, self.ffn, self.ffn_norm = attn, ffn, ffn_norm
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
+        h = self.ffn_norm(x + self.attn(x, rope))
+        return h + self.ffn(h)

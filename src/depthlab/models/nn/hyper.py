@@ -38,13 +38,23 @@ MHC_INIT_GAP = 8.0
 DYNAMIC_SCALE_INIT = 0.01
 
 
-def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
-    """Sinkhorn-Knopp on exp(logits) (..., n, n): ``iters`` rounds of row then column normalisation,
-    so the result's columns sum to 1 exactly and its rows to within the method's convergence."""
-    m = torch.exp(logits.float() - logits.float().amax(dim=(-2, -1), keepdim=True))
-    for _ in range(iters):
-        m = m / m.sum(dim=-1, keepdim=True)
-        m = m / m.sum(dim=-2, keepdim=True)
+#: DeepSeek-V4's numerical floor (``hc_eps``): added to ``pre``, to the mixing matrix after its softmax and to every
+#: Sinkhorn denominator. Not in the mHC paper's equations, but it changes near-permutation matrices (tested against
+#: transformers' ``DeepseekV4HyperConnection``; docs/paper.md §9.8).
+MHC_FLOOR = 1e-6
+
+
+def sinkhorn(logits: torch.Tensor, iters: int, floor: float = 0.0) -> torch.Tensor:
+    """Sinkhorn-Knopp on exp(logits) (..., n, n), laid out [out stream, in stream], as DeepSeek-V4 computes it
+    (``hc_split_sinkhorn``): a softmax over the output streams (plus ``floor``), then each row normalised over
+    the input streams, then ``iters - 1`` rounds of columns then rows, every denominator plus ``floor``. The
+    rows sum to 1 (exactly when ``floor`` is 0), so every output stream is a convex combination of the input
+    streams; the columns sum to 1 to within the method's convergence."""
+    m = torch.softmax(logits.float(), dim=-2) + floor
+    m = m / (m.sum(dim=-1, keepdim=True) + floor)
+    for _ in range(iters - 1):
+        m = m / (m.sum(dim=-2, keepdim=True) + floor)
+        m = m / (m.sum(dim=-1, keepdim=True) + floor)
     return m.to(logits.dtype)
 
 
@@ -146,9 +156,9 @@ class ManifoldHyperConnection(HyperConnection):
     """Static mHC: ``pre = sigmoid(b_pre)``, ``post = 2 sigmoid(b_post)``, ``res = Sinkhorn(b_res)``
     (doubly stochastic). The parameters hold the logits b (see ``MHC_INIT_GAP``)."""
 
-    def __init__(self, d_model: int, streams: int, index: int, sinkhorn_iters: int) -> None:
+    def __init__(self, d_model: int, streams: int, index: int, sinkhorn_iters: int, floor: float = MHC_FLOOR) -> None:
         super().__init__(d_model, streams, index)
-        self.sinkhorn_iters = sinkhorn_iters
+        self.sinkhorn_iters, self.floor = sinkhorn_iters, floor
 
     def initial(self) -> Weights:
         eye, gap = torch.eye(self.streams), MHC_INIT_GAP
@@ -160,7 +170,7 @@ class ManifoldHyperConnection(HyperConnection):
 
     def weights(self, H: torch.Tensor) -> Weights:
         pre, res, post = self.logits(H)
-        return torch.sigmoid(pre), sinkhorn(res, self.sinkhorn_iters), 2.0 * torch.sigmoid(post)
+        return torch.sigmoid(pre) + self.floor, sinkhorn(res, self.sinkhorn_iters, self.floor), 2.0 * torch.sigmoid(post)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, sinkhorn_iters={self.sinkhorn_iters}"
@@ -171,8 +181,9 @@ class DynamicManifoldHyperConnection(ManifoldHyperConnection):
     RMS a weightless RMS normalisation; φ starts at 0 (so it starts as static mHC), alpha at
     ``DYNAMIC_SCALE_INIT``."""
 
-    def __init__(self, d_model: int, streams: int, index: int, sinkhorn_iters: int, eps: float = 1e-6) -> None:
-        super().__init__(d_model, streams, index, sinkhorn_iters)
+    def __init__(self, d_model: int, streams: int, index: int, sinkhorn_iters: int, eps: float = 1e-6,
+                 floor: float = MHC_FLOOR) -> None:
+        super().__init__(d_model, streams, index, sinkhorn_iters, floor)
         self.eps = eps
         self.phi = nn.Parameter(torch.zeros(streams * d_model, streams * (streams + 2)))  # [pre | post | res]
         self.alpha = nn.Parameter(torch.full((3,), DYNAMIC_SCALE_INIT))  # alpha_pre, alpha_post, alpha_res

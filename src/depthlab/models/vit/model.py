@@ -30,7 +30,7 @@ def vit_parts(cfg: ViTConfig) -> Parts:
         return Attention(d, h, h, d // h, qkv_bias=True, causal=False, out_bias=True)
 
     return Parts(d, cfg.n_layers, attention, lambda: GeluMLP(d, cfg.d_ff),
-                 lambda scale=1.0: LayerNorm(d, cfg.norm_eps, scale=scale),
+                 lambda scale=1.0, dim=None: LayerNorm(dim or d, cfg.norm_eps, scale=scale),
                  lambda groups: GroupLayerNorm(d, groups, cfg.norm_eps))
 
 

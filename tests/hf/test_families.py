@@ -1,0 +1,249 @@
+"""Every decoder family of the registry (depthlab.hf.architectures), each on its tiny random model built with
+transformers' own ``AutoConfig.for_model`` + ``from_config`` and saved with ``save_pretrained`` (sharded):
+
+- diagnose streamed equals diagnose in memory (angular distances, loss, removal Δloss, variance; max |Δ| <= 1e-4);
+- prune --remove block 2, in memory (drop_layers + write_hf) and shard by shard (write_pruned_shards): plain
+  ``AutoModelForCausalLM.from_pretrained`` loads it, its logits are the original's with block 2 skipped (a naive
+  forward written here), cached ``generate`` equals uncached, and every per-layer config fact is cut;
+- LayerNorm Scaling: the hooked model equals a naive one (each pre-norm wrapped by hand), and its fold equals both;
+- DepthMonitor finds the blocks with no ``layers=``;
+- a refused capability is one line naming why (Gemma 4 streaming, OLMo 2 LNS, DeepSeek-V4 streaming).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from streaming_models import byte_tokenizer, jitter_norms
+from torch import nn
+
+from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
+from depthlab.analysis.monitor import DepthMonitor
+from depthlab.base.errors import DepthlabError
+from depthlab.hf import apply_layernorm_scaling, fold_layernorm_scaling
+from depthlab.hf.architectures import FAMILIES, LAYER_LISTS, family_of, get_path, tiny_config
+from depthlab.prune.export import drop_layers, write_hf
+from depthlab.prune.shards import write_pruned_shards
+from depthlab.targets import find_layers, load_target
+
+OPTS = dict(tokens=64, seq_len=16, batch_size=2, jacobian=False, joint_check=False, progress=False)
+TOL = 1e-4
+STREAM = [t for t, f in FAMILIES.items() if f.why_not("stream") is None]
+PRUNE = [t for t, f in FAMILIES.items() if f.why_not("prune") is None]
+READ = [t for t, f in FAMILIES.items() if f.why_not("diagnose") is None]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    yield
+
+
+_MODELS: dict[str, tuple] = {}
+
+
+def tiny(model_type: str, tmp_path_factory) -> tuple[nn.Module, object]:
+    """The family's tiny model (norm weights jittered so a misplaced scale shows) and its saved directory, built once."""
+    if model_type not in _MODELS:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        model = jitter_norms(AutoModelForCausalLM.from_config(tiny_config(model_type)).eval())
+        path = tmp_path_factory.mktemp(model_type)
+        model.save_pretrained(path, max_shard_size="40KB")  # several shards: the streamed export cuts each
+        byte_tokenizer().save_pretrained(path)
+        _MODELS[model_type] = (model, path)
+    return _MODELS[model_type]
+
+
+def _flat(x):
+    return [v for item in x for v in _flat(item)] if isinstance(x, list) else [x]
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    pairs = [(a["angular"]["matrix"], b["angular"]["matrix"]), (a["variance"]["variance"], b["variance"]["variance"]),
+             ([a["loss"]["loss"]], [b["loss"]["loss"]]), (a["removal"]["delta_loss"], b["removal"]["delta_loss"])]
+    worst = 0.0
+    for x, y in pairs:
+        x, y = _flat(x), _flat(y)
+        assert len(x) == len(y) and [v is None for v in x] == [v is None for v in y]
+        worst = max([worst, *(abs(u - v) for u, v in zip(x, y) if u is not None)])
+    return worst
+
+
+@pytest.mark.parametrize("model_type", STREAM)
+def test_streamed_diagnose_equals_in_memory(model_type, tmp_path_factory):
+    _, path = tiny(model_type, tmp_path_factory)
+    streamed = diagnose(str(path), DiagnoseOptions(**OPTS, stream=True))
+    assert streamed["engine"]["name"] == "streamed" and streamed["engine"]["layers_computed"] == 4
+    in_memory = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS))
+    assert in_memory["engine"]["name"] == "in-memory"
+    assert _max_diff(streamed, in_memory) <= TOL
+
+
+class _Skip(nn.Module):
+    """A removed block, written naively: it hands its input on (as a tuple when the block returns one)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, hidden_states, *args, **kwargs):
+        out = self.block(hidden_states, *args, **kwargs)
+        return (hidden_states, *out[1:]) if isinstance(out, tuple) else hidden_states
+
+
+def _skipping(model: nn.Module, block: int) -> torch.Tensor:
+    """Logits of ``model`` with block ``block`` (1-based) passing its input on, on the probe ids."""
+    layers = get_path(model, family_of(model.config.model_type).layers)
+    saved = layers[block - 1]
+    layers[block - 1] = _Skip(saved)
+    try:
+        with torch.no_grad():
+            return model(input_ids=IDS, use_cache=False).logits
+    finally:
+        layers[block - 1] = saved
+
+
+IDS = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def _check_export(out, model: nn.Module, removed: int) -> None:
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    cfg, ref = loaded.config, model.config
+    assert cfg.num_hidden_layers == 3 and len(get_path(loaded, family_of(cfg.model_type).layers)) == 3
+    for name in LAYER_LISTS:  # every per-layer list cut at the removed block
+        values = getattr(ref, name, None)
+        if isinstance(values, list) and len(values) == 4:
+            assert getattr(cfg, name) == values[:removed - 1] + values[removed:], name
+    with torch.no_grad():
+        got = loaded(input_ids=IDS, use_cache=False).logits
+    torch.testing.assert_close(got, _skipping(model, removed), atol=2e-5, rtol=1e-4)
+    prompt = IDS[:1, :6]
+    kw = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    assert torch.equal(loaded.generate(prompt, use_cache=True, **kw), loaded.generate(prompt, use_cache=False, **kw))
+
+
+@pytest.mark.parametrize("model_type", PRUNE)
+def test_prune_exports_reload_with_transformers_and_match_the_removal(model_type, tmp_path_factory, tmp_path):
+    model, path = tiny(model_type, tmp_path_factory)
+    write_hf(drop_layers(model, [2]), tmp_path / "memory")
+    _check_export(tmp_path / "memory", model, 2)
+    written = write_pruned_shards(path, [2], tmp_path / "shards")
+    assert len(written["files"]) > 1 and written["n_layers"] == 3
+    _check_export(tmp_path / "shards", model, 2)
+
+
+class _Scaled(nn.Module):
+    def __init__(self, norm: nn.Module, scale: float) -> None:
+        super().__init__()
+        self.norm, self.scale = norm, scale
+
+    def forward(self, x):
+        return self.norm(x) * self.scale
+
+
+@pytest.mark.parametrize("model_type", READ)
+def test_lns_equals_a_naive_scaling_of_the_pre_norms_and_folds(model_type, tmp_path_factory):
+    import copy
+
+    model, _ = tiny(model_type, tmp_path_factory)
+    fam = FAMILIES[model_type]
+    if fam.why_not("lns"):
+        with pytest.raises(DepthlabError, match="no pre-norm"):
+            apply_layernorm_scaling(copy.deepcopy(model))
+        return
+    naive = copy.deepcopy(model)
+    for l, block in enumerate(get_path(naive, fam.layers), start=1):
+        for name in fam.pre_norms:
+            setattr(block, name, _Scaled(getattr(block, name), 1 / math.sqrt(l)))
+    hooked = apply_layernorm_scaling(copy.deepcopy(model))
+    with torch.no_grad():
+        want = naive(input_ids=IDS, use_cache=False).logits
+        got = hooked(input_ids=IDS, use_cache=False).logits
+        folded = fold_layernorm_scaling(hooked)(input_ids=IDS, use_cache=False).logits
+        plain = model(input_ids=IDS, use_cache=False).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(folded, want, atol=2e-5, rtol=1e-4)
+    assert (plain - want).abs().max() > 1e-3  # the scaling changes the function
+
+
+@pytest.mark.parametrize("model_type", [t for t in PRUNE if FAMILIES[t].why_not("lns") is None])
+def test_an_lns_checkpoint_pruned_shard_by_shard_folds_each_kept_blocks_scale(model_type, tmp_path_factory, tmp_path):
+    """The marker-carrying checkpoint cut file by file: each kept block's pre-norms (weight, bias; Gemma's 1 + w)
+    carry its original depth's 1/sqrt(l); plain transformers then computes the LNS model with block 2 skipped."""
+    import copy
+
+    model, _ = tiny(model_type, tmp_path_factory)
+    lns = apply_layernorm_scaling(copy.deepcopy(model))
+    lns.save_pretrained(tmp_path / "lns")
+    write_pruned_shards(tmp_path / "lns", [2], tmp_path / "pruned")
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "pruned")).eval()
+    assert getattr(loaded.config, "layernorm_scaling", None) is None
+    with torch.no_grad():
+        got = loaded(input_ids=IDS, use_cache=False).logits
+    torch.testing.assert_close(got, _skipping(lns, 2), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt2"])
+def test_prune_target_streamed_gives_the_in_memory_choice(model_type, tmp_path_factory, tmp_path):
+    """The whole streamed prune (survey, greedy sweeps, shard cut, check) on a MoE family and a tied GPT-2."""
+    from depthlab.prune import PruneOptions, prune_target
+
+    _, path = tiny(model_type, tmp_path_factory)
+    opts = dict(method="removal", remove=1, data="builtin", tokens=64, seq_len=16, batch_size=2, progress=False,
+                latency_tokens=2)
+    streamed = prune_target(str(path), PruneOptions(**opts, stream=True), tmp_path / "s")
+    in_memory = prune_target(load_target(str(path)), PruneOptions(**opts), tmp_path / "m")
+    assert (streamed["engine"]["name"], in_memory["engine"]["name"]) == ("streamed", "in-memory")
+    assert streamed["removed_blocks"] == in_memory["removed_blocks"]
+    assert streamed["loss"]["pruned"] == pytest.approx(in_memory["loss"]["pruned"], abs=1e-5)
+    assert streamed["export"]["generate_cache_matches_no_cache"] is True
+    assert streamed["export"]["max_abs_logit_diff"] <= 1e-4
+    assert streamed["cost"]["original"]["params"] == in_memory["cost"]["original"]["params"]
+
+
+def test_a_multi_stream_state_is_measured_whole(tmp_path_factory):
+    """DeepSeek-V4 passes (B, T, n, D) between blocks: the capture measures the whole (B, T, n·D) state, as depthlab's
+    mhc scheme does (its streams travel as one (B, T, n·D) tensor), and its replay hands the blocks their own shape."""
+    from depthlab.analysis.diagnostics.capture import ResidualCapture
+
+    model, _ = tiny("deepseek_v4", tmp_path_factory)
+    seen = []
+    hook = get_path(model, "model.layers")[1].register_forward_pre_hook(
+        lambda m, a, k: seen.append((a[0] if a else k["hidden_states"]).clone()) and None, with_kwargs=True)
+    try:
+        cap = ResidualCapture(model, find_layers(model), lambda ids: model(input_ids=ids, use_cache=False).logits)
+        _, states = cap.run(IDS)
+    finally:
+        hook.remove()
+    n, d = seen[0].shape[2:]
+    assert n > 1 and states[1].shape == (*IDS.shape, n * d)
+    torch.testing.assert_close(states[1], seen[0].flatten(2))
+    torch.testing.assert_close(cap.run_skipping(IDS, states, {2}), _skipping(model, 2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", READ)
+def test_monitor_finds_the_blocks_without_layers(model_type, tmp_path_factory):
+    model, _ = tiny(model_type, tmp_path_factory)
+    assert find_layers(model) is get_path(model, FAMILIES[model_type].layers)
+    monitor = DepthMonitor(model, IDS, every=1, removal=False)
+    assert monitor.n_layers == 4
+    series = monitor.probe()
+    assert len(series["layer_angular"]) == 4 and all(math.isfinite(v) for v in series["layer_angular"])
+
+
+def test_refused_capabilities_say_why_in_one_line(tmp_path_factory):
+    _, gemma4 = tiny("gemma4_text", tmp_path_factory)
+    with pytest.raises(DepthlabError, match="per-layer embeddings") as err:
+        load_target(str(gemma4), stream=True)
+    assert "\n" not in str(err.value)
+    with pytest.raises(DepthlabError, match="not a family it knows; supported: llama, mistral"):
+        family_of("bert", "prune")
+    with pytest.raises(DepthlabError, match="hash-routed"):
+        family_of("deepseek_v4", "stream")
