@@ -23,6 +23,7 @@ import traceback
 import warnings
 
 from depthlab.base.errors import UNSAFE_PICKLE, DepthlabError, first_line
+from depthlab.base.paths import check_local_target
 from depthlab.cli._options import apply_config_file
 from depthlab.cli._outputs import OutputGuard
 
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     guard = None
     try:
         apply_config_file(args)  # --config FILE: what the command line left unset
+        check_local_target(getattr(args, "target", None))  # a mistyped path: one line now, no hub look-up
         guard = OutputGuard.for_args(args)
         code = args.func(args)
     except KeyboardInterrupt:
@@ -99,6 +101,7 @@ def _quiet_third_parties() -> None:
     """transformers / huggingface_hub / datasets warnings and advisories off (errors still reach us)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # its own level, set when it is imported: retry lines off
     for name in ("transformers", "huggingface_hub", "datasets", "tokenizers", "safetensors"):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=FutureWarning)

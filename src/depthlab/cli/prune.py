@@ -16,6 +16,7 @@ examples:
   depthlab prune smollm2 --budget 0.5 --out pruned/smollm2-budget          # the most blocks within +0.5 nats
   depthlab prune path/to/hf-model --remove 8 --method angular-block --heal-steps 500 --data my.txt --out pruned/x
   depthlab prune runs/lns --remove 4 --out pruned/lns-12
+  depthlab prune big/8b --remove 8 --stream --heal lora --heal-steps 20 --heal-batch-size 1 --out pruned/8b-24
   depthlab prune runs/lns --blocks 13,14,15 --out pruned/lns-own
   depthlab train --init-from pruned/lns-12/run --data builtin --steps 500 --out runs/lns-12   # continue training it
 
@@ -37,7 +38,7 @@ block at each step (about L/2 forward passes per step; SmolLM2, 2,048 tokens, on
 #: Every PruneOptions / HealOptions field is a flag (``depthlab.cli._options``); its help is the field's comment.
 PRUNE = Section("prune", PruneOptions, exclude=("heal",), choices={"method": METHODS})
 #: What --weights auto means here: healing trains the weights, so they stay fp32 unless asked.
-AUTO_WEIGHTS = "fp32: healing trains them"
+AUTO_WEIGHTS = "fp32 (full healing trains them); bf16 with --heal lora (the frozen base)"
 HEAL = Section("heal", HealOptions, prefix="heal-", exclude=("data", "seq_len", "progress"), rename={"mode": "heal"},
                choices={"mode": HEAL_MODES}, title="healing")
 
@@ -76,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
                           **HEAL.given(args), "progress": progress})
     opts = PruneOptions(**given, heal=heal, progress=progress)
     check_options(opts)  # what needs no model (--heal lora without peft too); block ranges once it is loaded
-    device, weights, compute = device_precision(args, "fp32")
+    lora = heal.mode == "lora" and heal.steps > 0  # the base stays frozen: bf16 weights hold it in half the memory
+    device, weights, compute = device_precision(args, "bf16" if lora else "fp32")
     target = load_target(args.target, device=device, dtype=weights, compute_dtype=compute,
                          progress=None if progress else False, stream=opts.stream)  # the library picks the engine
     check_target(target, opts, out)
@@ -85,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     exp = report["export"]
     print(report.get("summary") or "")
     cached = exp["generate_cache_matches_no_cache"]
-    versus = "the original with those blocks skipped, streamed" if target.plan.streamed else "in-memory pruned"
+    versus = ("the healed model in memory" if report.get("heal") else "the original with those blocks skipped"
+              ) + ", streamed" if target.plan.streamed else "in-memory pruned"
     generate = "not checked (too big to load)" if cached is None else "ok" if cached else "DIFFERS from no cache"
     diff = exp["max_abs_logit_diff"]  # None: not finite (json_safe)
     print(f"export check: max |Δ logit| = {'not finite' if diff is None else format(diff, '.3e')} (reloaded vs {versus}), "

@@ -25,6 +25,7 @@ class HealOptions:
     warmup: int = 10  # steps of linear warm-up
     lora_rank: int = 16  # rank of the LoRA adapters
     seed: int = 0  # data order and adapter init
+    checkpoint: bool | None = None  # recompute activations in the backward (default: when they exceed 1/4 of free memory)
     progress: bool = True  # a progress bar
 
     def validate(self) -> None:
@@ -63,7 +64,7 @@ class PruneOptions:
     generate_limit: int = 50  # its first N items
     progress: bool = True  # progress bars
     # ---- engine
-    stream: bool | None = None  # read the model layer by layer (no healing, no latency); default: when it exceeds free memory
+    stream: bool | None = None  # read the model layer by layer (no latency; LoRA healing); default: when it exceeds free memory
 
     def validate(self, n_layers: int | None = None) -> None:
         """Refuse a bad request in one line naming the flag and the value: without ``n_layers`` what needs no

@@ -87,14 +87,15 @@ def choose(target: Target, opts: PruneOptions, batches) -> tuple[Survey, Selecti
 
 def prune_model(model: nn.Module, removed: list[int]) -> nn.Module:
     """The pruned working model: a depthlab model stays one (each kept block keeps its original depth in
-    ``ModelConfig.block_depths``); an HF model loses its layers (see :func:`drop_layers`)."""
+    ``ModelConfig.block_depths``); an HF model loses its layers in place (see :func:`drop_layers`: ``model`` is
+    the pruned model afterwards, so no second copy of the weights exists)."""
     from depthlab.models.decoder import DecoderLM
 
     if isinstance(model, DecoderLM):
         from depthlab.prune.pruned_run import drop_blocks
 
         return drop_blocks(model, removed)
-    return drop_layers(model, removed)
+    return drop_layers(model, removed, inplace=True)
 
 
 def _capture(model: nn.Module) -> ResidualCapture:
@@ -129,6 +130,11 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
     """Prune ``target`` as ``opts`` says and write the HF checkpoint, ``prune.json`` and ``report.html``
     into ``out`` (plus ``out/run``, a depthlab run directory, for depthlab models). Returns the report.
 
+    An HF model is pruned in place: ``target.model`` is the pruned (and healed) model afterwards; load the target
+    again for the original. Nothing the size of the model is copied for the before/after comparisons (the
+    original's cost and latency are measured before the surgery) or the export check (the reloaded export is
+    dropped once compared).
+
     ``out`` appears whole or not at all: everything is written into a hidden sibling that is renamed to ``out``
     once the export is verified and the report written (:func:`depthlab.base.fileio.publish_dir`), so a crash
     or ``kill -9`` never leaves a loadable, unverified half-checkpoint, and a rerun starts afresh."""
@@ -146,11 +152,12 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
     before, sel = choose(target, opts, batches)
     gen = _generative(target, target.model, opts, {}, "original")
     ids = _probe_ids(batches)
-    original_hf = hf_model_of(target.model)
     skip_ref = _capture(target.model).run_without(ids, sel.removed)
-    pruned = prune_model(target.model, sel.removed)
+    original = _original_record(target.model, ids, batches.seq_len, opts.latency_tokens)  # before the surgery
+    pruned = prune_model(target.model, sel.removed)  # in place: no copy of the original is kept
     with torch.no_grad():
         skip_diff = float((lm_logits(pruned, ids).float() - skip_ref.float()).abs().max())
+    del skip_ref
     after = _survey(pruned, batches)
     _generative(target, pruned, opts, gen, "pruned")
     healed, heal_info = None, None
@@ -178,7 +185,7 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
             "ppl": {"original": perplexity(before.loss), "pruned": after["ppl"], "healed": None},
             "angular": {"original": before.angular, "pruned": after["angular"]},
             "export": {**check, "dir": str(out), "max_abs_logit_diff_vs_skipping_in_original": skip_diff},
-            "cost": {"original": cost(original_hf, batches.seq_len), "pruned": cost(final_hf, batches.seq_len)},
+            "cost": {"original": original["cost"], "pruned": cost(final_hf, batches.seq_len)},
             "options": {**asdict(opts), "heal": asdict(opts.heal)},
             "command": command,
             "engine": engine_record(target),
@@ -190,7 +197,7 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
             report["heal"] = heal_info
             _generative(target, healed, opts, gen, "healed")
         report["generate"] = gen or None
-        report["latency"] = _latency(original_hf, final_hf, ids, opts.latency_tokens)
+        report["latency"] = _latency(original["latency"], final_hf, ids, opts.latency_tokens)
         report["run_dir"] = str(out / "run") if _maybe_run_dir(target, final, tmp, report) else None
         report["seconds"] = round(time.time() - t0, 2)
         write_report(report, tmp)
@@ -213,10 +220,21 @@ def _original_depths(model: nn.Module, removed: list[int]) -> list[int] | None:
     return [depths[l - 1] for l in removed] if depths else None
 
 
-def _latency(original: nn.Module, pruned: nn.Module, ids: torch.Tensor, new_tokens: int) -> dict[str, Any]:
-    prompt = ids[:1, : min(16, ids.shape[1])].to(next(pruned.parameters()).device)
-    lat = generation_latency({"original": original, "pruned": pruned}, prompt, new_tokens)
-    return {**lat, "speedup": lat["original"]["seconds"] / lat["pruned"]["seconds"]}
+def _prompt(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return ids[:1, : min(16, ids.shape[1])].to(next(model.parameters()).device)
+
+
+def _original_record(model: nn.Module, ids: torch.Tensor, seq_len: int, new_tokens: int) -> dict[str, Any]:
+    """The original model's cost and generation latency, measured before it is pruned in place (so no copy of it
+    is kept for the comparison; a depthlab model's HF form is converted for this and dropped)."""
+    hf = hf_model_of(model)
+    return {"cost": cost(hf, seq_len), "latency": generation_latency({"original": hf}, _prompt(hf, ids), new_tokens)}
+
+
+def _latency(original: dict[str, Any], pruned: nn.Module, ids: torch.Tensor, new_tokens: int) -> dict[str, Any]:
+    lat = {**original, **generation_latency({"pruned": pruned}, _prompt(pruned, ids), new_tokens)}
+    return {**lat, "speedup": lat["original"]["seconds"] / lat["pruned"]["seconds"],
+            "order": "original measured before the surgery, pruned after (the model is pruned in place)"}
 
 
 def _maybe_run_dir(target: Target, final: nn.Module, out: Path, report: dict[str, Any]) -> str | None:

@@ -11,7 +11,10 @@ one sweep; each greedy step is one sweep carrying one stream per candidate block
 sweep. The checkpoint is then cut file by file (:mod:`depthlab.prune.shards`) and checked: the logits of
 the written checkpoint, read layer by layer, against the original model with those blocks skipped; and,
 when the pruned model fits in memory, loaded with plain ``transformers`` (logits, cached ``generate``).
-Healing and the generation latency need the model in memory: not done here.
+Healing (``--heal lora``) loads the written checkpoint, the kept blocks only, in their stored dtype, trains LoRA
+adapters over it and writes the merged weights back (:mod:`depthlab.prune.heal_stored`); the healed checkpoint is
+then surveyed and checked layer by layer like the pruned one, against the healed model's own logits. The
+generation latency needs both models in memory: not measured here.
 """
 
 from __future__ import annotations
@@ -146,9 +149,10 @@ def check_stream_target(target: StreamTarget, opts: PruneOptions, out: Path) -> 
     if target.kind != "hf-causal-lm":
         raise DepthlabError("streamed pruning writes HF checkpoints from HF safetensors directories; prune a depthlab "
                             "run in memory (--no-stream)")
-    if opts.heal.steps > 0:
-        raise DepthlabError("--heal-steps needs the pruned model in memory, and this one is streamed: prune without "
-                            "healing, then fine-tune the smaller checkpoint (or use --no-stream)")
+    if opts.heal.steps > 0 and opts.heal.mode != "lora":
+        raise DepthlabError(f"--heal {opts.heal.mode} trains every weight with its optimizer state, and this model is "
+                            "streamed: heal it with --heal lora (only the kept blocks are loaded, frozen in their "
+                            "stored dtype), or use --no-stream")
     check_options(opts, target.source.n_layers)
 
 
@@ -195,18 +199,49 @@ def _prune_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command
     before, sel = choose_streamed(measure, opts)
     with publish_dir(out) as tmp:
         written = write_pruned_shards(target.path, sel.removed, tmp, {"pruned_from": str(target.name),
-                                      "removed_blocks": sel.removed, "method": sel.method, "healed_steps": 0},
-                                      target.tokenizer)
+                                      "removed_blocks": sel.removed, "method": sel.method,
+                                      "healed_steps": opts.heal.steps}, target.tokenizer)
         pruned = open_layerwise(str(tmp), target.device, target.source.dtype, target.source.compute_dtype)
         after_measure = StreamedMeasure(pruned, measure.text, settings)
         after = after_measure.survey("survey-pruned")
-        check = verify_streamed(measure, after_measure, measure.text[0].ids[:2, :64], sel.removed, tmp)
+        ids = measure.text[0].ids[:2, :64]
+        check = verify_streamed(measure, after_measure, ids, sel.removed, tmp)
         report = _report(target, pruned, opts, sel, before, after, batches, measure, after_measure)
+        if opts.heal.steps > 0:
+            check = _heal_streamed(target, opts, tmp, ids, measure.text, settings, report, check)
         report.update(export={**check, "dir": str(out), "written": written}, command=command,
                       seconds=round(time.time() - t0, 2))
         write_report(report, tmp)
     clear_state(settings.state_dir)
     return report
+
+
+def _heal_streamed(target: StreamTarget, opts: PruneOptions, tmp: Path, ids: torch.Tensor, text: list[SweepBatch],
+                   settings: SweepSettings, report: dict[str, Any], pruned_check: dict[str, Any]) -> dict[str, Any]:
+    """Heal the checkpoint written in ``tmp`` (the kept blocks only, in memory once), then survey the healed files
+    layer by layer and check them against the healed model's logits; fills ``report``'s healed entries and returns
+    the export check (the cut's own check, against skipping in the original, kept under ``pruned_cut``)."""
+    from depthlab.prune.heal_stored import heal_stored
+
+    src = target.source
+    info, probe = heal_stored(tmp, target.tokenizer, opts.heal, ids, target.device, src.compute_dtype)
+    healed = StreamedMeasure(open_layerwise(str(tmp), target.device, src.dtype, src.compute_dtype), text, settings)
+    survey = healed.survey("survey-healed")
+    report["loss"]["healed"], report["ppl"]["healed"] = survey.loss, perplexity(survey.loss)
+    report["angular"]["healed"] = survey.angular
+    report["heal"] = info
+    report["engine"]["healed_sweeps"] = healed.sweeper.stats.passes
+    report["engine"]["not_done"] = "generation latency (it needs the original and pruned models in memory)"
+    got = healed.logits(ids, [], "probe-healed")
+    diff = float((probe - got).abs().max())
+    check = {**pruned_check, "max_abs_logit_diff": diff, "pruned_cut": pruned_check,
+             "loaded_with": "depthlab, layer by layer (healed files vs the healed model in memory)",
+             "generated_tokens": None, "generate_cache_matches_no_cache": None}
+    free = available_memory(target.device)
+    need = stored_bytes(locate(str(tmp)), src.compute_dtype)
+    if free is not None and need <= MEMORY_FRACTION * free:
+        check.update(_transformers_check(tmp, ids, probe, src.compute_dtype, target.device))
+    return check
 
 
 def _report(target: StreamTarget, pruned: StreamTarget, opts: PruneOptions, sel: Any, before: Any, after: Any,

@@ -30,6 +30,7 @@ from torch import nn
 
 from depthlab.base.errors import DepthlabError, first_line
 from depthlab.base.extras import needs
+from depthlab.base.paths import check_local_target
 from depthlab.base.precision import default_compute_dtype
 from depthlab.data.tokenizers import model_tokenizer
 from depthlab.hf.loading import third_party_output
@@ -132,6 +133,7 @@ def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
     from fp32 weights is refused). ``scheme``: that of a ``preset:NAME`` target (default: the baseline); any
     other target has its own, so a scheme given for one is refused rather than ignored. ``progress``:
     third-party loading bars (None: only on a terminal)."""
+    check_local_target(name)  # a path that does not exist: one line, never a hub look-up
     if scheme is not None and not name.startswith("preset:"):
         raise DepthlabError(f"--scheme {scheme} applies to preset:NAME targets only; {name!r} is loaded with the "
                             "scheme it was trained or converted with (drop --scheme)")
@@ -164,6 +166,7 @@ def _in_memory(name: str, device: torch.device, dtype: torch.dtype, compute: tor
         run = plan.found.run if plan.found is not None else None  # a run the plan opened: not read twice
         target = _local(path, name, dtype, progress, run)
     elif "/" in name and not name.startswith((".", "/", "~")) and name.count("/") == 1:
+        _check_hub_reachable(name)
         model = _causal_from_pretrained(name, dtype, progress)
         target = Target(model.eval(), name, "hf-causal-lm", model_tokenizer(name), _hf_info(model, f"hub:{name}"),
                         getattr(model.config, "max_position_embeddings", None))
@@ -181,6 +184,24 @@ def _in_memory(name: str, device: torch.device, dtype: torch.dtype, compute: tor
     target.info["device"] = str(device)
     find_layers(target.model)  # unsupported architectures fail here, before any data is read
     return target
+
+
+def _check_hub_reachable(name: str) -> None:
+    """A hub id on a machine that cannot resolve the hub's host, and has no offline cache asked for: one line at
+    once, instead of transformers' retries (about a minute of them)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return  # the user's cache answers
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as err:
+        raise DepthlabError(f"{name!r} is no local path, so it is a Hugging Face hub id, and {host} cannot be reached "
+                            f"({first_line(err)[:80]}); give a local model directory, or set HF_HUB_OFFLINE=1 to "
+                            "use the hub cache") from None
 
 
 def target_for(target: Target | StreamTarget | str | Path, stream: bool | None = None) -> Target | StreamTarget:

@@ -92,7 +92,8 @@ def _one_line_exit_2(argv, capsys, *needles):
 
 def test_bad_inputs_give_one_line_and_exit_2(tmp_path, capsys):
     _one_line_exit_2(["diagnose", "no-such-model", "--out", str(tmp_path / "o")], capsys, "unknown model 'no-such-model'")
-    _one_line_exit_2(["diagnose", str(tmp_path / "missing_dir/"), "--out", str(tmp_path / "o")], capsys, "unknown model")
+    _one_line_exit_2(["diagnose", str(tmp_path / "missing_dir/"), "--out", str(tmp_path / "o")], capsys,
+                     "no such file or directory")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     _one_line_exit_2(["diagnose", "preset:tiny", "--data", str(empty), "--out", str(tmp_path / "o"), "--no-progress"],
