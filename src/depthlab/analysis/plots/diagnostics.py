@@ -196,6 +196,7 @@ def logit_lens(lens: Mapping[str, Sequence[float]], path: str | Path, title: str
     axes[0, 0].set_title(title or "Logit lens: each layer decoded by the final norm and head", fontsize=10)
     ax.set_xlabel("residual stream after block i (0 = embeddings)")
     ax.set_xticks(ticks(n))
+    return save(fig, path)
 
 
 def depth_attention_map(weights: Sequence[Sequence[float | None]], readers: Sequence[str], sources: Sequence[str],
