@@ -152,7 +152,7 @@ GROUPS = ("base", "models", "analysis")
 #: The layers of depthlab, lowest first: a package may import from its own layer and those below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("depthlab", "base", "base.lazy", "base.errors", "base.metrics", "base.provenance", "base.progress",
-                    "base.htmlpage", "base.fileio", "base.extras", "base.devices", "base.precision", "base.paths",
+                    "base.htmlpage", "base.fileio", "base.extras", "base.devices", "base.precision", "base.paths", "base.memory",
                     "models.presets")),
     ("run directories on disk", ("base.store",)),
     ("modules", ("models.nn",)),

@@ -150,3 +150,23 @@ def test_in_memory_prune_keeps_no_copy_of_the_model(tmp_path, monkeypatch):
     assert report["export"]["max_abs_logit_diff_vs_skipping_in_original"] <= 1e-5
     assert report["latency"]["original"]["seconds"] > 0 and report["latency"]["pruned"]["seconds"] > 0
     assert target.model.config.num_hidden_layers == 2  # pruned in place
+
+
+def test_checkpointing_is_on_where_activations_would_set_the_peak(tmp_path):
+    """The default: on when the activations outweigh the weights (a small model on long batches), off when the
+    model outweighs them (an 8B model on 256 tokens), and checkpointing never changes the losses."""
+    from depthlab.prune.heal import activation_bytes, checkpoint_pays, weight_bytes
+
+    path = hf_dir(tmp_path, "llama", 2)
+    model = _from_pretrained(path)
+    weights = weight_bytes(model)
+    assert weights == sum(p.numel() * 4 for p in model.parameters())  # fp32, nothing tied in this one
+    small, large = activation_bytes(model, 2, 2), activation_bytes(model, 64 * 32, 32)
+    assert small < weights < large  # a check that the two cases below are what they claim
+    assert not checkpoint_pays(small, weights, free=None) and checkpoint_pays(large, weights, free=None)
+    assert checkpoint_pays(small, weights, free=2 * small)  # short of memory: on however small the batch
+    _, on = heal(model, model_tokenizer(path), HealOptions(**{**HEAL, "batch_size": 64, "steps": 1}))
+    assert on["activation_checkpointing"] is True
+    _, off = heal(_from_pretrained(path), model_tokenizer(path), HealOptions(**{**HEAL, "batch_size": 1, "seq_len": 2,
+                                                                                     "steps": 1}))
+    assert off["activation_checkpointing"] is False

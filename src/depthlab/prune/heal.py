@@ -13,8 +13,11 @@ Memory (LoRA): the base weights stay frozen in the dtype they are held in (bf16 
 and their AdamW state are fp32 (a few MB per block), so nothing the size of the model is added. The loss of an
 HF model is taken from its last hidden states through the LM head in chunks of rows, each recomputed in the
 backward (:func:`chunked_lm_loss`): the (B, T, V) logits and their gradient never exist at once. Activation
-checkpointing (recompute each layer in the backward) is on when the activations would take more than a quarter
-of the free memory (``HealOptions.checkpoint``), where it pays; otherwise it only costs time.
+checkpointing (recompute each layer in the backward) is on where it pays (``HealOptions.checkpoint``): when the
+activations would outweigh the weights held, so that they, not the model, would set the peak (a small model on
+long batches: SmolLM2-135M's 8 x 256 tokens), or take more than a quarter of the free memory; otherwise (an 8B
+model on 256 tokens) it would cost a third more compute to save little. glibc is told to give freed activations
+back (:func:`depthlab.base.memory.return_freed_memory`): without it a CPU heal's peak is what the heap kept.
 """
 
 from __future__ import annotations
@@ -78,16 +81,26 @@ def activation_bytes(model: nn.Module, tokens: int, seq_len: int) -> int:
     return per_layer * len(find_layers(model))
 
 
+def weight_bytes(model: nn.Module) -> int:
+    """The bytes the model's parameters take as held (tied weights once)."""
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def checkpoint_pays(need: int, weights: int, free: int | None) -> bool:
+    """Whether recomputing activations in the backward pays: when the ``need`` bytes of activations would outweigh
+    the ``weights`` held (they would set the peak) or take more than a quarter of the ``free`` memory."""
+    return need > weights or (free is not None and need > free / 4)
+
+
 def _checkpointing(model: nn.Module, opts: HealOptions) -> bool:
-    """Turn activation checkpointing on where it pays (``opts.checkpoint``; None: when the activations would take
-    more than a quarter of the free memory); returns whether it is on."""
+    """Turn activation checkpointing on where it pays (``opts.checkpoint``; None: :func:`checkpoint_pays`);
+    returns whether it is on."""
     from depthlab.targets.engine import available_memory
 
     want = opts.checkpoint
     need = activation_bytes(model, opts.batch_size * opts.seq_len, opts.seq_len)
     if want is None:
-        free = available_memory(next(model.parameters()).device)
-        want = free is not None and need > free / 4
+        want = checkpoint_pays(need, weight_bytes(model), available_memory(next(model.parameters()).device))
     enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x; before: gradient_...
     if want and not callable(enable) and not callable(getattr(model, "gradient_checkpointing_enable", None)):
         log.info("activation checkpointing: %s has none; healing without it", type(model).__name__)
@@ -96,13 +109,15 @@ def _checkpointing(model: nn.Module, opts: HealOptions) -> bool:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
     elif want:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    log.info("activation checkpointing %s (activations estimated at %.2f GiB)", "on" if want else "off", need / 2**30)
+    log.info("activation checkpointing %s (activations estimated at %.2f GiB, weights %.2f GiB)", "on" if want else "off",
+             need / 2**30, weight_bytes(model) / 2**30)
     return bool(want)
 
 
 def heal(model: nn.Module, tokenizer: Any, opts: HealOptions) -> tuple[nn.Module, dict[str, Any]]:
     """Train ``model`` (a depthlab DecoderLM or an HF causal LM) for ``opts.steps`` steps on the train
     split of ``opts.data``. Returns the healed model (LoRA merged) and the loss curve."""
+    from depthlab.base.memory import return_freed_memory
     from depthlab.base.progress import progress
     from depthlab.data import load_sequences
 
@@ -112,6 +127,7 @@ def heal(model: nn.Module, tokenizer: Any, opts: HealOptions) -> tuple[nn.Module
     device = next(model.parameters()).device
     seqs = load_sequences(opts.data, tokenizer, opts.seq_len, split="train", seed=opts.seed)
     torch.manual_seed(opts.seed)
+    return_freed_memory()  # activations freed in the backward go back to the system, not to glibc's heap
     checkpointing = _checkpointing(model, opts)
     net = _with_lora(model, opts.lora_rank) if opts.mode == "lora" else model
     params = [p for p in net.parameters() if p.requires_grad]

@@ -25,7 +25,7 @@ class HealOptions:
     warmup: int = 10  # steps of linear warm-up
     lora_rank: int = 16  # rank of the LoRA adapters
     seed: int = 0  # data order and adapter init
-    checkpoint: bool | None = None  # recompute activations in the backward (default: when they exceed 1/4 of free memory)
+    checkpoint: bool | None = None  # recompute activations in the backward (default: if they outweigh weights or 1/4 free memory)
     progress: bool = True  # a progress bar
 
     def validate(self) -> None:
