@@ -22,21 +22,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
 
-from depthlab.data import build_tokenizer, iter_documents, load_sequences
+from depthlab.data import CausalLMWindows, build_tokenizer, iter_documents, load_sequences
 from depthlab.hf import apply_layernorm_scaling, fold_layernorm_scaling, is_layernorm_scaled, load
-
-
-class Windows(torch.utils.data.Dataset):
-    """Packed token windows; HF causal LMs shift labels themselves, so labels = input_ids."""
-
-    def __init__(self, rows) -> None:
-        self.rows = torch.as_tensor(rows, dtype=torch.long)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.rows[i], "labels": self.rows[i]}
 
 
 def parse_args() -> argparse.Namespace:
@@ -77,9 +64,9 @@ def main() -> None:
     a = parse_args()
     out = Path(a.out)
     tok = build_tokenizer(a.tokenizer, iter_documents("builtin", "train"))
-    train = Windows(load_sequences("builtin", tok, a.seq_len - 1, split="train", seed=a.seed).rows)
+    train = CausalLMWindows(load_sequences("builtin", tok, a.seq_len - 1, split="train", seed=a.seed).rows)
     val_rows = load_sequences("builtin", tok, a.seq_len - 1, split="val", seed=a.seed).rows
-    val = Windows(val_rows[: a.eval_seqs])
+    val = CausalLMWindows(val_rows[: a.eval_seqs])
     print(f"data: {len(train)} train / {len(val)} held-out windows of {a.seq_len} tokens ({tok.spec})")
 
     config = LlamaConfig(

@@ -19,21 +19,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
 
-from depthlab.data import build_tokenizer, eval_token_batches, iter_documents, load_sequences
+from depthlab.data import CausalLMWindows, build_tokenizer, eval_token_batches, iter_documents, load_sequences
 from depthlab.hf.convert import save_hf_checkpoint
-
-
-class Windows(torch.utils.data.Dataset):
-    """Packed token windows; HF causal LMs shift labels themselves, so labels = input_ids."""
-
-    def __init__(self, rows) -> None:
-        self.rows = torch.as_tensor(rows, dtype=torch.long)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.rows[i], "labels": self.rows[i]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,7 +48,7 @@ def main(argv: list[str] | None = None) -> Trainer:
     out = Path(a.out)
     tok = build_tokenizer(a.tokenizer, iter_documents("builtin", "train"))
     rows = load_sequences("builtin", tok, a.seq_len - 1, split="train", seed=a.seed).rows[: a.train_rows]
-    train = Windows(rows)
+    train = CausalLMWindows(rows)
     # the probe batch: the first held-out batch `depthlab diagnose --tokens B*T --seq-len T --batch-size B` reads
     held_out = eval_token_batches("builtin", tok, a.probe_rows * (a.seq_len + 1), a.seq_len + 1, a.probe_rows)
     config = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=a.hidden, intermediate_size=a.ffn,

@@ -15,13 +15,13 @@ __all__ = [
     "ByteTokenizer", "TokenSequences", "load_sequences", "pack_tokens", "pad_tokens", "inputs_and_labels",
     "write_shards", "shard_meta", "is_shard_dir", "check_tokenizer_spec", "default_cache_dir", "builtin_path",
     "is_val_document", "BUILTIN_VAL_BOOKS", "VAL_FRACTION", "IGNORE_INDEX", "DEFAULT_TOKENIZER",
-    "NAMED_CORPORA", "shard_path",
+    "NAMED_CORPORA", "shard_path", "CausalLMWindows",
 ]
 
 __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("NAMED_CORPORA", "shard_path"), "depthlab.data.named"),
     **dict.fromkeys((
-        "IGNORE_INDEX", "EvalBatches", "TokenSequences", "eval_token_batches", "inputs_and_labels",
+        "IGNORE_INDEX", "CausalLMWindows", "EvalBatches", "TokenSequences", "eval_token_batches", "inputs_and_labels",
         "is_shard_dir", "load_sequences", "pack_tokens", "pad_tokens", "shard_meta", "write_shards"), "depthlab.data.batches"),
     **dict.fromkeys((
         "BUILTIN_VAL_BOOKS", "VAL_FRACTION", "builtin_path", "is_val_document", "iter_documents"), "depthlab.data.corpora"),

@@ -165,6 +165,20 @@ class SeededOrder:
         return np.asarray([self._epoch(g // n)[g % n] for g in range(start, start + count)], dtype=np.int64)
 
 
+class CausalLMWindows(torch.utils.data.Dataset):
+    """Packed token rows as a ``torch`` dataset of ``{"input_ids", "labels"}`` items, the form Hugging Face's
+    ``Trainer`` and causal LMs take (they shift the labels themselves, so ``labels`` is ``input_ids``)."""
+
+    def __init__(self, rows) -> None:
+        self.rows = torch.as_tensor(np.asarray(rows), dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.rows[i], "labels": self.rows[i]}
+
+
 class TokenSequences:
     """All training windows of a split, in memory (or memory-mapped), served in seeded order."""
 
