@@ -170,7 +170,7 @@ def _diagnose(args: argparse.Namespace, given: dict, target, device, out: Path) 
     if not target.causal:
         log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", args.target)
     line = target.plan.line + ("; block Jacobians are in-memory only: off" if streamed else "")
-    units = given.get("sublayers", True) and given.get("removal", True) and target.causal and not streamed
+    units = given.get("sublayers", True) and given.get("removal", True) and target.causal  # both engines: 3x the sweep
     given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), False if streamed else
                                                                   given.get("jacobian"), device.type, target.n_params,
                                                                   target.info.get("d_model"), given["seq_len"], line,

@@ -46,11 +46,18 @@ class LensAccumulator:
     @torch.no_grad()
     def update(self, capture: ResidualCapture, input_ids: torch.Tensor, labels: torch.Tensor | None,
                logits: torch.Tensor, states: Sequence[torch.Tensor], on_state: Callable[[], None] | None = None) -> None:
+        self.add(logits, lambda i: capture.decode(input_ids, states, i), labels, on_state)
+
+    @torch.no_grad()
+    def add(self, logits: torch.Tensor, decode: Callable[[int], torch.Tensor], labels: torch.Tensor | None,
+            on_state: Callable[[], None] | None = None) -> None:
+        """One batch (or a chunk of its rows): the model's ``logits`` and ``decode(i)``, state i decoded, i < L (one
+        state's logits alive at a time). Sums over chunks are the sums over the batch."""
         final = logits.float()
         final_logp = F.log_softmax(final, dim=-1)
         top = final.argmax(-1)
         for i in range(self.n_layers + 1):
-            lens = final if i == self.n_layers else capture.decode(input_ids, states, i).float()
+            lens = final if i == self.n_layers else decode(i).float()
             if labels is not None:
                 self.loss[i] += nll_sum(lens, labels)[0]
             self.agree[i] += int((lens.argmax(-1) == top).sum())
@@ -62,6 +69,22 @@ class LensAccumulator:
         if labels is not None:
             self.count += int((labels != IGNORE_INDEX).sum())
         self.tokens += int(top.numel())
+
+    def decode_states(self, states: Sequence[torch.Tensor], head: Callable[[torch.Tensor], torch.Tensor],
+                      labels: torch.Tensor | None, rows: int) -> None:
+        """The streamed engine's lens: the L+1 states of one batch (B, T, D) decoded by ``head`` (final norm + LM
+        head, loaded once), ``rows`` sequences at a time, so one state's logits of ``rows`` sequences are alive
+        at once (beside the final layer's), never all layers'."""
+        for a in range(0, states[0].shape[0], rows):
+            r = slice(a, a + rows)
+            self.add(head(states[-1][r]), lambda i: head(states[i][r]), None if labels is None else labels[r])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loss": self.loss, "agree": self.agree, "kl": self.kl, "count": self.count, "tokens": self.tokens}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loss, self.agree, self.kl = list(state["loss"]), list(state["agree"]), list(state["kl"])
+        self.count, self.tokens = int(state["count"]), int(state["tokens"])
 
     def result(self) -> dict[str, Any]:
         if self.tokens == 0:
