@@ -77,7 +77,7 @@ class LensAccumulator:
         at once (beside the final layer's), never all layers'."""
         for a in range(0, states[0].shape[0], rows):
             r = slice(a, a + rows)
-            self.add(head(states[-1][r]), lambda i: head(states[i][r]), None if labels is None else labels[r])
+            self.add(head(states[-1][r]), lambda i, r=r: head(states[i][r]), None if labels is None else labels[r])
 
     def state_dict(self) -> dict[str, Any]:
         return {"loss": self.loss, "agree": self.agree, "kl": self.kl, "count": self.count, "tokens": self.tokens}
