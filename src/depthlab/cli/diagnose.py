@@ -166,6 +166,9 @@ def _diagnose(args: argparse.Namespace, given: dict, target, device, out: Path) 
     if streamed and given.get("jacobian"):
         raise DepthlabError("--jacobian needs the model in memory (block Jacobians are not streamed); drop --jacobian "
                             "or add --no-stream")
+    if streamed and given.get("tuned_lens"):
+        raise DepthlabError("--tuned-lens needs the model in memory (its maps are fitted on the kept states); drop "
+                            "--tuned-lens or add --no-stream")
     given["seq_len"] = _seq_len(given.get("seq_len"), target)
     if not target.causal:
         log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", args.target)

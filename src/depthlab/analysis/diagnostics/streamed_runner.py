@@ -203,6 +203,9 @@ def diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions | None = None,
     a time. ``out``: the report directory; the resume state lives beside it (:func:`state_dir`) while the sweep
     runs."""
     opts = opts or DiagnoseOptions()
+    if opts.tuned_lens:
+        raise DepthlabError("--tuned-lens needs the model in memory (its maps are fitted on the kept states); drop "
+                            "--tuned-lens or add --no-stream")
     t0 = time.time()
     settings = settings or SweepSettings(progress=opts.progress)
     if settings.state_dir is None and out is not None:
