@@ -366,16 +366,26 @@ def run_smollm2(args: argparse.Namespace) -> dict:
     a, b = runs["streamed"][0]["report"], runs["in_memory"][0]["report"]
     diff = max(abs(x - y) for x, y in zip(a["removal"]["delta_loss"] + a["angular"]["adjacent"],
                                           b["removal"]["delta_loss"] + b["angular"]["adjacent"]))
+    units_lens = _units_lens_diff(a, b)
     wall = {k: min(r["wall_s"] for r in v) for k, v in runs.items()}
     rss = {k: max(r["peak_rss_bytes"] for r in v) for k, v in runs.items()}
     for v in runs.values():
         for r in v:
             r.pop("report")
-    return {"runs": runs, "wall_s": wall, "peak_rss_bytes": rss,
+    return {"runs": runs, "wall_s": wall, "peak_rss_bytes": rss, "max_abs_diff_units_and_lens": units_lens,
             "wall_ratio_streamed_over_in_memory": round(wall["streamed"] / wall["in_memory"], 3),
             "peak_rss_ratio_streamed_over_in_memory": round(rss["streamed"] / rss["in_memory"], 3),
             "max_abs_diff_delta_loss_and_adjacent_angular": diff,
             "goal_wall_ratio_le_1.3": wall["streamed"] <= 1.3 * wall["in_memory"]}
+
+
+def _units_lens_diff(a: dict, b: dict) -> float | None:
+    """max |Δ| over the attention / MLP units and the logit lens of two reports (None when either lacks them)."""
+    if not all(k in r for k in ("sublayers", "lens") for r in (a, b)):
+        return None
+    nums = lambda r: [v for u in ("attn", "mlp") for k in ("contribution", "angular", "delta_loss")  # noqa: E731
+                      for v in r["sublayers"][u].get(k, [])] + [v for k in ("loss", "agreement", "kl") for v in r["lens"][k]]
+    return max(abs(x - y) for x, y in zip(nums(a), nums(b)))
 
 
 @torch.no_grad()

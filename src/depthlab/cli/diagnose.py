@@ -166,11 +166,14 @@ def _diagnose(args: argparse.Namespace, given: dict, target, device, out: Path) 
     if streamed and given.get("jacobian"):
         raise DepthlabError("--jacobian needs the model in memory (block Jacobians are not streamed); drop --jacobian "
                             "or add --no-stream")
+    if streamed and given.get("tuned_lens"):
+        raise DepthlabError("--tuned-lens needs the model in memory (its maps are fitted on the kept states); drop "
+                            "--tuned-lens or add --no-stream")
     given["seq_len"] = _seq_len(given.get("seq_len"), target)
     if not target.causal:
         log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", args.target)
     line = target.plan.line + ("; block Jacobians are in-memory only: off" if streamed else "")
-    units = given.get("sublayers", True) and given.get("removal", True) and target.causal and not streamed
+    units = given.get("sublayers", True) and given.get("removal", True) and target.causal  # both engines: 3x the sweep
     given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), False if streamed else
                                                                   given.get("jacobian"), device.type, target.n_params,
                                                                   target.info.get("d_model"), given["seq_len"], line,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from streaming_models import KINDS, hf_dir, save_hf, tiny_hf
+from test_streamed_units_lens import units_lens_diff
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose, load_target
 from depthlab.analysis.diagnostics.streamed import CPU_ROWS_PER_CALL, Sweeper, SweepSettings
@@ -24,7 +25,7 @@ from depthlab.base.precision import default_compute_dtype
 from depthlab.cli import main
 from depthlab.targets.layerwise import open_layerwise
 
-# the block-level numbers both engines give (attention/MLP units and the lens are in-memory only)
+# the block-level numbers (attention/MLP units and the lens: test_streamed_units_lens.py)
 OPTS = dict(tokens=96, seq_len=32, batch_size=2, jacobian=False, progress=False, sublayers=False, lens=False)
 TOL = 1e-5
 
@@ -209,8 +210,11 @@ def test_a_sweep_killed_mid_way_resumes_after_the_last_saved_layer(tmp_path):
     assert rep["engine"]["resumed"] == [{"pass": "diagnose", "group": 0, "layer": kill_at}]
     assert rep["engine"]["layers_computed"] == 6 - kill_at
     assert not state_dir(out).exists()  # the state goes once the report is written
-    mem = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS, joint_check=False))
+    mem = diagnose(load_target(str(path)), DiagnoseOptions(**{**OPTS, "sublayers": True, "lens": True}, joint_check=False))
     assert_same(mem, rep, tol=0.0)  # the same numbers as a run never interrupted
+    assert units_lens_diff(mem, rep) <= 1e-12  # units and lens too: their sums of layers 1..3 were saved with layer 3
+    html = (out / "report.html").read_text()
+    assert "Logit lens" in html and "Attention and MLP" in html
 
 
 def test_diagnose_streams_by_itself_when_the_model_does_not_fit(tmp_path, monkeypatch, capsys):

@@ -24,6 +24,7 @@ class DiagnoseOptions:
     removal: bool = True  # the layer-removal sweep (causal LMs only)
     sublayers: bool = True  # attention and MLP separately: contribution, angular distance, removal Δloss (causal LMs)
     lens: bool = True  # the logit lens: each layer's stream decoded by the final norm and head (causal LMs)
+    tuned_lens: bool = False  # a tuned lens too: an affine map per layer fitted on half the batches, measured on the rest
     jacobian: bool = True  # block Jacobians (diagnose: on a GPU, or on a CPU for widths up to 256)
     jac_samples: int = 4  # sampled tokens per block
     jac_context: int = 32  # sampled positions lie in [0, jac_context): the cost grows with it
@@ -55,6 +56,9 @@ class DiagnoseOptions:
         if self.mc_limit is not None:
             check_int(flag("mc_limit"), self.mc_limit, 1)
         check_int(flag("seed"), self.seed, 0, 2**32 - 1)
+        if self.tuned_lens and not self.lens:
+            raise DepthlabError(f"{flag('tuned_lens')} is compared with the logit lens; drop {flag('no_lens')} or "
+                                f"{flag('tuned_lens')}")
         check_number(flag("loss_budget"), self.loss_budget, minimum=0)
         check_number(flag("identity_threshold"), self.identity_threshold, minimum=0, maximum=1)
         for name in ("jac_layers", "heatmap_layers"):

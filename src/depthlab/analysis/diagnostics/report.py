@@ -146,10 +146,15 @@ def _lens_section(report: dict[str, Any], out: Path, figs: dict[str, str]) -> li
         return []
     cols = ([("held-out loss", lens["loss"])] if "loss" in lens else []) + [
         ("top-1 agreement with the final layer", lens["agreement"]), ("KL(final ‖ lens)", lens["kl"])]
+    tuned = lens.get("tuned")
+    if tuned:  # the same eval half for both lenses
+        cols += [("plain lens loss (eval half)", tuned["plain"]["loss"]), ("tuned lens loss (eval half)", tuned["loss"]),
+                 ("tuned lens top-1 agreement", tuned["agreement"]), ("tuned lens KL", tuned["kl"])]
     return ["<h2>Logit lens</h2>",
             "<p>The residual stream after each block decoded by the model's own final norm and head, as if the model "
             "stopped there (row 0: the embeddings; the last row is the model itself).</p>",
-            _img(out, figs.get("lens"), "logit lens"), _table("after block", range(len(lens["agreement"])), cols)]
+            _img(out, figs.get("lens"), "logit lens"), _table("after block", range(len(lens["agreement"])), cols)] + (
+        [f"<p>Tuned lens: {html.escape(tuned['method'])}; fitted on {tuned['fit_tokens']:,} tokens.</p>"] if tuned else [])
 
 
 def _loss_row(loss: dict[str, Any] | None) -> list[tuple[str, Any]]:

@@ -24,7 +24,7 @@ from depthlab.analysis.diagnostics.angular import AngularAccumulator, adjacent, 
 from depthlab.analysis.diagnostics.capture import capture_of
 from depthlab.analysis.diagnostics.depthmap import DepthMap
 from depthlab.analysis.diagnostics.jacobian import block_jacobians
-from depthlab.analysis.diagnostics.lens import LensAccumulator
+from depthlab.analysis.diagnostics.lens import LensAccumulator, tuned_lens_compare
 from depthlab.analysis.diagnostics.mc import MCAccumulator, load_mc
 from depthlab.analysis.diagnostics.options import DiagnoseOptions
 from depthlab.analysis.diagnostics.removal import RemovalAccumulator, joint_removal_loss, nll_sum
@@ -94,8 +94,13 @@ def diagnose_in_memory(target: Target, opts: DiagnoseOptions | None = None, comm
     cap = capture_of(target)
     L = cap.n_layers
     batches = target.batches_for(opts) if target.batches_for is not None else TextBatches(target, opts)
+    tuned = opts.tuned_lens and opts.lens and target.causal
+    if tuned:
+        check_tuned_lens(batches, opts)
     streamed = _stream(cap, batches, target, opts)
     report = _stream_report(streamed, target, opts, batches, command)
+    if tuned:
+        report["lens"]["tuned"] = _tuned_lens(cap, batches, opts)
     depth_map = _depth_map(cap, batches)
     if depth_map is not None:  # Attention Residuals: which earlier sources each layer reads
         report["depth_attention"] = depth_map
@@ -207,6 +212,25 @@ def _stream_report(acc: _Streamed, target: Target, opts: DiagnoseOptions, batche
     if acc.lens is not None:
         report["lens"] = acc.lens.result()
     return report
+
+
+def check_tuned_lens(batches: TextBatches, opts: DiagnoseOptions) -> None:
+    """The tuned lens fits on the even batches and is measured on the odd ones: at least two, said before any work."""
+    n_batches = -(-(batches.requested // batches.seq_len) // opts.batch_size)
+    if n_batches < 2:
+        raise DepthlabError(f"--tuned-lens fits its maps on half the held-out batches and measures them on the other "
+                            f"half: --tokens {opts.tokens} at --batch-size {opts.batch_size} makes {n_batches} batch; "
+                            "raise --tokens or lower --batch-size")
+
+
+def _tuned_lens(cap, batches: TextBatches, opts: DiagnoseOptions) -> dict[str, Any]:
+    """The tuned lens (:class:`~depthlab.analysis.diagnostics.lens.TunedLens`) against the plain lens on unseen text."""
+    items = list(batches)
+    if len(items) < 2:
+        raise DepthlabError(f"--tuned-lens needs two held-out batches (one to fit, one to measure); data {opts.data!r} "
+                            f"gave {len(items)}")
+    with _tqdm(len(items), "tuned lens", opts.progress, "batch") as bar:
+        return tuned_lens_compare(cap, items[0::2], items[1::2], cap.n_layers, on_batch=lambda: bar.update(1))
 
 
 @torch.no_grad()

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 import torch
 
+from depthlab.analysis.diagnostics.sublayers import UNITS, unit_modules, zeroed
 from depthlab.base.errors import DepthlabError, first_line
 from depthlab.base.fileio import publish, write_json_atomic
 from depthlab.base.progress import progress
@@ -58,13 +59,24 @@ CPU_ROWS_PER_CALL = 4096
 # ---------------------------------------------------------------------------------------------- inputs
 @dataclass(frozen=True)
 class Stream:
-    key: str  # e.g. "base", "removed:3", "joint:4,5"
+    key: str  # e.g. "base", "removed:3", "joint:4,5", "attn:3"
     skip: frozenset[int] = frozenset()  # 1-based blocks this stream skips
+    zero: frozenset[tuple[int, str]] = frozenset()  # (1-based block, unit): sublayers whose branch is zeroed (attn, mlp)
+
+    def units_at(self, j: int) -> tuple[str, ...]:
+        """The units of block j this stream zeroes, in block order."""
+        return tuple(u for u in UNITS if (j, u) in self.zero)
 
 
 def removal_streams(n_layers: int, base_skip: frozenset[int] = frozenset()) -> list[Stream]:
     """One stream per block not in ``base_skip``: the base's skips plus that block."""
     return [Stream(f"removed:{l}", base_skip | {l}) for l in range(1, n_layers + 1) if l not in base_skip]
+
+
+def sublayer_streams(n_layers: int) -> list[Stream]:
+    """One stream per (unit, block), units outermost: the model with that block's attention (or MLP) branch zeroed
+    (:mod:`~depthlab.analysis.diagnostics.sublayers`). Each is born at its block, as a removal stream is."""
+    return [Stream(f"{u}:{l}", zero=frozenset({(l, u)})) for u in UNITS for l in range(1, n_layers + 1)]
 
 
 @dataclass
@@ -85,6 +97,19 @@ class Consumer(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Taps:
+    """What a consumer reads beside the streams' logits, while the weights it needs are loaded (batches whose
+    states are kept only). ``layer(j, index, batch, layer, call, x_in, x_out)``: block j (1-based) of the base
+    stream, its input x^j and output x^{j+1}, the layer still materialised (with a ``layer`` tap, the consumer's
+    sums are saved after every layer too, so a resumed sweep keeps what earlier layers added).
+    ``head(index, batch, states, head, rows)``: the base's L+1 states with the final norm and head loaded, to decode
+    them ``rows`` sequences at a time (the logit lens)."""
+
+    layer: Callable[[int, int, SweepBatch, Any, Callable, torch.Tensor, torch.Tensor], None] | None = None
+    head: Callable[[int, SweepBatch, list[torch.Tensor], Callable[[torch.Tensor], torch.Tensor], int], None] | None = None
 
 
 @dataclass
@@ -183,27 +208,34 @@ class PassState:
         found = sorted(self.dir.glob("consumer-*.pt"))
         return self._readable(lambda: (int(found[-1].stem.split("-")[1]), self._load(found[-1].name))) if found else None
 
-    def last_layer(self, group: int, keep_states: bool) -> tuple[int, list, list] | None:
-        """(last saved layer j, the live streams after it, the base states x^1..x^{j+1}) of ``group``."""
+    def last_layer(self, group: int, keep_states: bool, consumer: bool = False
+                   ) -> tuple[int, list, list, dict[str, Any] | None] | None:
+        """(last saved layer j, the live streams after it, the base states x^1..x^{j+1}, the consumer's sums after it
+        when ``consumer``) of ``group``."""
         if self.dir is None:
             return None
         found = sorted(self.dir.glob(f"g{group:05d}-streams-*.pt"))
         if not found:
             return None
-        def read() -> tuple[int, list, list]:
+        def read() -> tuple[int, list, list, dict[str, Any] | None]:
             j = int(found[-1].stem.rsplit("-", 1)[1])
             states = [self._load(f"g{group:05d}-states-{k:05d}.pt") for k in range(j + 1)] if keep_states else []
-            return j, self._load(found[-1].name), states
+            sums = self._load(f"g{group:05d}-consumer-{j:05d}.pt") if consumer else None
+            return j, self._load(found[-1].name), states, sums
         return self._readable(read)
 
-    def save_layer(self, group: int, j: int, streams: list[torch.Tensor], state: list[torch.Tensor] | None) -> None:
+    def save_layer(self, group: int, j: int, streams: list[torch.Tensor], state: list[torch.Tensor] | None,
+                   consumer_state: dict[str, Any] | None = None) -> None:
         if self.dir is None:
             return
         if state is not None:
             _atomic_save(state, self._path(f"g{group:05d}-states-{j:05d}.pt"))
+        if consumer_state is not None:  # before the streams: their file marks the layer saved
+            _atomic_save(consumer_state, self._path(f"g{group:05d}-consumer-{j:05d}.pt"))
         _atomic_save(streams, self._path(f"g{group:05d}-streams-{j:05d}.pt"))
         if j > 0:
             self._path(f"g{group:05d}-streams-{j - 1:05d}.pt").unlink(missing_ok=True)
+            self._path(f"g{group:05d}-consumer-{j - 1:05d}.pt").unlink(missing_ok=True)
 
     def save_group(self, group: int, consumer_state: dict[str, Any], last: bool) -> None:
         if self.dir is None:
@@ -271,33 +303,35 @@ class _Layout:
 
     order: list[int]  # slot -> stream index
     born: list[int]  # slot -> layer (1-based) at which it branches off the base (0: the base; L+1: never)
-    skip: list[frozenset[int]]  # slot -> blocks it skips
+    streams: list[Stream]  # slot -> its stream (blocks skipped, sublayers zeroed)
 
     @classmethod
     def of(cls, streams: Sequence[Stream], n_layers: int) -> _Layout:
-        base = streams[0].skip
+        base = streams[0]
 
         def birth(s: Stream) -> int:
-            return next((j for j in range(1, n_layers + 1) if (j in s.skip) != (j in base)), n_layers + 1)
+            return next((j for j in range(1, n_layers + 1)
+                         if (j in s.skip) != (j in base.skip) or s.units_at(j) != base.units_at(j)), n_layers + 1)
 
         births = [0] + [birth(s) for s in streams[1:]]
         order = sorted(range(len(streams)), key=lambda i: (births[i], i))
-        return cls(order, [births[i] for i in order], [streams[i].skip for i in order])
+        return cls(order, [births[i] for i in order], [streams[i] for i in order])
 
     def live(self, j: int) -> int:
         """Number of live slots at layer j (the base and every stream born at or before j)."""
         return sum(1 for b in self.born if b <= j)
 
-    def runs(self, j: int) -> list[tuple[int, int]]:
-        """Contiguous [a, b) slot ranges of the live streams that apply layer j."""
-        out: list[tuple[int, int]] = []
+    def runs(self, j: int) -> list[tuple[int, int, tuple[str, ...]]]:
+        """Contiguous [a, b) slot ranges of the live streams that apply layer j, each with the units they zero in it."""
+        out: list[tuple[int, int, tuple[str, ...]]] = []
         for s in range(self.live(j)):
-            if j in self.skip[s]:
+            if j in self.streams[s].skip:
                 continue
-            if out and out[-1][1] == s:
-                out[-1] = (out[-1][0], s + 1)
+            units = self.streams[s].units_at(j)
+            if out and out[-1][1] == s and out[-1][2] == units:
+                out[-1] = (out[-1][0], s + 1, units)
             else:
-                out.append((s, s + 1))
+                out.append((s, s + 1, units))
         return out
 
 
@@ -308,6 +342,7 @@ class Sweeper:
         self.target, self.source = target, target.source
         self.settings = settings or SweepSettings()
         self.stats = SweepStats()
+        self._taps = Taps()
         self.elem = torch.tensor([], dtype=self.source.compute_dtype).element_size()
         self.d_model = int(target.info["d_model"])
 
@@ -355,7 +390,9 @@ class Sweeper:
                      groups: list[range]) -> str:
         h = hashlib.sha256()
         files = sorted({info.file for info in self.source.store.index.values()})
-        ident = [name, keep_states, [(s.key, sorted(s.skip)) for s in streams], [(g.start, g.stop) for g in groups],
+        taps = [self._taps.layer is not None, self._taps.head is not None]  # what the consumer's sums hold
+        ident = [name, keep_states, taps, [(s.key, sorted(s.skip), sorted(s.zero)) for s in streams],
+                 [(g.start, g.stop) for g in groups],
                  str(self.source.dtype), str(self.source.compute_dtype),
                  [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]]
         h.update(json.dumps(ident).encode())
@@ -368,13 +405,15 @@ class Sweeper:
     # ------------------------------------------------------------------ the sweep
     @torch.no_grad()
     def sweep(self, name: str, batches: Sequence[SweepBatch], streams: Sequence[Stream], keep_states: bool,
-              consumer: Consumer, show: bool = True) -> None:
+              consumer: Consumer, show: bool = True, taps: Taps | None = None) -> None:
         """Every stream over every batch, layer by layer; results to ``consumer`` (see the module docstring).
         ``show``: its own progress (bar or ETA lines, as the settings say); a caller that reports a series of
-        short sweeps in its own words passes False."""
+        short sweeps in its own words passes False. ``taps``: what the consumer reads of the base stream while a
+        layer or the head is loaded (:class:`Taps`; with ``keep_states``)."""
         L = self.source.n_layers
         layout = _Layout.of(streams, L)
         self._rows = self._budget()[1]
+        self._taps = taps or Taps()
         groups = self._groups(batches, len(streams), keep_states)
         state = PassState(self._state_root(), name,
                           self._fingerprint(name, batches, streams, keep_states, groups))
@@ -413,22 +452,27 @@ class Sweeper:
 
     def _units(self, layout: _Layout, batches: Sequence[SweepBatch], groups: list[range]) -> int:
         L = self.source.n_layers
-        per_batch = sum(sum(b - a for a, b in layout.runs(j)) for j in range(1, L + 1)) + len(layout.order)
-        return per_batch * sum(len(g) for g in groups)
+        per_batch = sum(sum(b - a for a, b, _ in layout.runs(j)) for j in range(1, L + 1)) + len(layout.order)
+        per_kept = (L if self._taps.layer else 0) + (L + 1 if self._taps.head else 0)  # tap calls per batch with states
+        return sum(per_batch + (per_kept if batches[i].states else 0) for g in groups for i in g)
 
     def _group(self, name: str, g: int, batches: list[SweepBatch], offset: int, layout: _Layout, keep_states: bool,
                consumer: Consumer, state: PassState, bar: Any) -> None:
         """One pass over the weights for the batches of group ``g``."""
         L = self.source.n_layers
         self.stats.weight_passes += 1
-        saved = state.last_layer(g, keep_states)
+        per_layer = self._taps.layer is not None  # the consumer's sums change with each layer: saved with it
+        saved = state.last_layer(g, keep_states, consumer=per_layer)
+        if saved is not None and saved[3] is not None and not state.applied(consumer, saved[3]):
+            saved = None  # damaged: this pass starts over (applied() said so and cleared it)
         if saved is None:
             bufs, kept = self._embed(batches, len(layout.order)), [[] for _ in batches]
             j0 = 0
             self._keep(kept, bufs, batches, keep_states)
-            state.save_layer(g, 0, [b[:1] for b in bufs], _newest(kept) if keep_states else None)
+            state.save_layer(g, 0, [b[:1] for b in bufs], _newest(kept) if keep_states else None,
+                             consumer.state_dict() if per_layer else None)
         else:
-            j0, live, saved_states = saved
+            j0, live, saved_states, _ = saved
             bufs = [self._empty(b, len(layout.order)) for b in batches]
             for buf, part in zip(bufs, live):
                 buf[: part.shape[0]] = part.to(buf.device)
@@ -437,10 +481,11 @@ class Sweeper:
             self.stats.resumed.append({"pass": name, "group": g, "layer": j0})
             log.info("%s: resuming after layer %d of %d (saved in %s)", name, j0, L, state.dir)
         for j in range(j0 + 1, L + 1):
-            self._layer(j, batches, bufs, layout, bar)
+            self._layer(j, batches, bufs, layout, bar, (offset, kept))
             self._keep(kept, bufs, batches, keep_states)
             n_live = layout.live(j)
-            state.save_layer(g, j, [b[:n_live] for b in bufs], _newest(kept) if keep_states else None)
+            state.save_layer(g, j, [b[:n_live] for b in bufs], _newest(kept) if keep_states else None,
+                             consumer.state_dict() if per_layer else None)
             if self.settings.on_layer is not None:
                 self.settings.on_layer(name, g, j)
         self._head(batches, offset, bufs, kept, layout, consumer, bar)
@@ -465,8 +510,11 @@ class Sweeper:
                 if b.states:
                     k.append(buf[0].clone())
 
-    def _layer(self, j: int, batches: list[SweepBatch], bufs: list[torch.Tensor], layout: _Layout, bar: Any) -> None:
-        """Layer j (1-based): birth of the streams that branch here, then the layer on every stream that runs it."""
+    def _layer(self, j: int, batches: list[SweepBatch], bufs: list[torch.Tensor], layout: _Layout, bar: Any,
+               kept: tuple[int, list[list[torch.Tensor]]]) -> None:
+        """Layer j (1-based): birth of the streams that branch here, then the layer on every stream that runs it (a
+        run of streams zeroing a sublayer of it with that branch zeroed), then the layer tap on the base stream of
+        each batch whose states are kept (``kept``: the group's first batch index and its kept states)."""
         for s in range(len(layout.order)):
             if layout.born[s] == j:
                 for buf in bufs:
@@ -475,19 +523,24 @@ class Sweeper:
         if not runs:
             return  # every stream skips this block: it is not even read
         max_rows = self._rows
+        tap = self._taps.layer if runs[0][0] == 0 and not runs[0][2] else None  # the base runs block j whole
         with self.source.layer(j - 1) as layer:
-            for batch, buf in zip(batches, bufs):
+            for i, (batch, buf) in enumerate(zip(batches, bufs)):
                 B, T = batch.ids.shape
                 call = self.source.layer_calls(T)[j - 1]
                 step = max(1, max_rows // (B * T))
-                for a, b in runs:
-                    for c in range(a, b, step):
-                        d = min(b, c + step)
-                        out = call(layer, buf[c:d].reshape((d - c) * B, T, -1))
-                        buf[c:d] = out.reshape(d - c, B, T, -1)
-                        self.stats.block_evals += d - c
-                        self.stats.token_evals += (d - c) * B * T
-                        bar.update(d - c)
+                for a, b, units in runs:
+                    with zeroed(*(unit_modules([layer], u)[0] for u in units)):
+                        for c in range(a, b, step):
+                            d = min(b, c + step)
+                            out = call(layer, buf[c:d].reshape((d - c) * B, T, -1))
+                            buf[c:d] = out.reshape(d - c, B, T, -1)
+                            self.stats.block_evals += d - c
+                            self.stats.token_evals += (d - c) * B * T
+                            bar.update(d - c)
+                if tap is not None and kept[1][i]:
+                    tap(j, kept[0] + i, batch, layer, call, kept[1][i][-1], buf[0])
+                    bar.update(1)
         self.stats.layers_computed += 1
 
     def _head(self, batches: list[SweepBatch], offset: int, bufs: list[torch.Tensor], kept: list[list[torch.Tensor]],
@@ -497,6 +550,11 @@ class Sweeper:
             for i, (batch, buf) in enumerate(zip(batches, bufs)):
                 if kept[i]:
                     consumer.states(offset + i, batch, kept[i])
+                    if self._taps.head is not None:
+                        B, T = batch.ids.shape
+                        self._taps.head(offset + i, batch, kept[i], head, max(1, self._rows // T))
+                        self.stats.head_tokens += (L + 1) * batch.ids.numel()
+                        bar.update(L + 1)
                 for s, stream in enumerate(layout.order):
                     h = buf[s] if layout.born[s] <= L else buf[0]
                     consumer.logits(stream, offset + i, batch, head(h))

@@ -7,8 +7,11 @@
 The report has the in-memory engine's shape (``depthlab.analysis.diagnostics.runner``; the same accumulators fill
 it, the same functions write it) plus ``engine``: which engine ran, why, and what it read. One sweep
 (:mod:`depthlab.analysis.diagnostics.streamed`) carries the base stream, one stream per removed block and the
-multiple-choice batches; the joint check of the removable set is one more sweep per evaluated set. Block
-Jacobians need the model in memory and are not computed when streaming.
+multiple-choice batches; with the attention / MLP units, one stream per zeroed branch too (2L more, each born at
+its block, as a removal stream is) and each block's branches measured while it is loaded; the logit lens decodes
+the base stream's L+1 states with the final norm and head while they are loaded for the streams' logits (one
+state's logits of a few sequences alive at a time). The joint check of the removable set is one more sweep per
+evaluated set. Block Jacobians need the model in memory and are not computed when streaming.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 
 from depthlab.analysis.diagnostics.angular import AngularAccumulator
+from depthlab.analysis.diagnostics.lens import LensAccumulator
 from depthlab.analysis.diagnostics.mc import MCAccumulator, load_mc
 from depthlab.analysis.diagnostics.options import DiagnoseOptions
 from depthlab.analysis.diagnostics.removal import RemovalAccumulator, nll_sum
@@ -30,10 +34,13 @@ from depthlab.analysis.diagnostics.streamed import (
     SweepBatch,
     Sweeper,
     SweepSettings,
+    Taps,
     clear_state,
     hold_state,
     removal_streams,
+    sublayer_streams,
 )
+from depthlab.analysis.diagnostics.sublayers import UNITS, SublayerAccumulator, check_sublayers
 from depthlab.analysis.diagnostics.summary import removable_blocks, summary_sentence
 from depthlab.analysis.diagnostics.variance import VarianceAccumulator
 from depthlab.base.errors import DepthlabError
@@ -81,28 +88,61 @@ class LossConsumer:
 
 
 class DiagnoseConsumer:
-    """The diagnose accumulators, fed by one sweep: stream 0 is the model, stream l the model without block l."""
+    """The diagnose accumulators, fed by one sweep: stream 0 is the model, stream l the model without block l
+    (with ``removal``), then with ``sublayers`` and ``removal`` the streams of :func:`sublayer_streams` (block l's
+    attention zeroed: L + l; its MLP: 2L + l). ``sublayers`` takes the layer tap (each block's branches while it is
+    loaded), ``lens`` the head tap (each state decoded by the final norm and head)."""
 
-    def __init__(self, n_layers: int, removal: bool, mc: MCAccumulator | None) -> None:
+    def __init__(self, n_layers: int, removal: bool, mc: MCAccumulator | None, sublayers: bool = False,
+                 lens: bool = False) -> None:
+        self.n_layers = n_layers
         self.angular, self.variance = AngularAccumulator(n_layers + 1), VarianceAccumulator(n_layers + 1)
         self.removal = RemovalAccumulator(n_layers) if removal else None
         self.base_loss, self.base_count, self.mc = 0.0, 0, mc
+        self.sublayers = SublayerAccumulator(n_layers, removal=removal) if sublayers else None
+        self.lens = LensAccumulator(n_layers) if lens else None
+
+    def streams(self) -> list[Stream]:
+        """The streams this consumer reads, in its order."""
+        L, sub = self.n_layers, self.sublayers is not None and self.removal is not None
+        return [Stream("base"), *(removal_streams(L) if self.removal is not None else []), *(sublayer_streams(L) if sub else [])]
+
+    def taps(self) -> Taps:
+        return Taps(layer=self._layer if self.sublayers is not None else None,
+                    head=self._head if self.lens is not None else None)
 
     def logits(self, stream: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
         if batch.labels is None:  # a multiple-choice batch
             self.mc.score(stream, batch.payload, batch.ids, logits)
             return
         s, n = nll_sum(logits, batch.labels)
+        L = self.n_layers
         if self.removal is None:
             self.base_loss, self.base_count = self.base_loss + s, self.base_count + n
         elif stream == 0:
             self.removal.base, self.removal.count = self.removal.base + s, self.removal.count + n
-        else:
+        elif stream <= L:
             self.removal.removed[stream - 1] += s
+        else:  # an attention / MLP unit zeroed
+            unit, l = UNITS[(stream - L - 1) // L], (stream - L - 1) % L + 1
+            self.sublayers.removed[unit][l - 1] += s
 
     def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None:
         self.angular.update(states)
         self.variance.update(states)
+        if self.sublayers is not None:
+            self.sublayers.count += states[0].shape[0] * states[0].shape[1]
+
+    def _layer(self, j: int, index: int, batch: SweepBatch, layer, call, x: torch.Tensor, out: torch.Tensor) -> None:
+        self.sublayers.add_block(j, layer, call, x, out)
+
+    def _head(self, index: int, batch: SweepBatch, states: list[torch.Tensor], head, rows: int) -> None:
+        self.lens.decode_states(states, head, batch.labels, rows)
+
+    def finish(self) -> None:
+        """The sublayer units' base loss is the removal sweep's (the same stream 0)."""
+        if self.sublayers is not None and self.removal is not None:
+            self.sublayers.base, self.sublayers.labels_count = self.removal.base, self.removal.count
 
     def state_dict(self) -> dict[str, Any]:
         v, r = self.variance, self.removal
@@ -112,6 +152,9 @@ class DiagnoseConsumer:
             out["removal"] = [r.base, r.removed, r.count]
         if self.mc is not None:
             out["mc"] = [self.mc.scores, self.mc.nchars]
+        for name in ("sublayers", "lens"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name).state_dict()
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -124,6 +167,9 @@ class DiagnoseConsumer:
             self.removal.removed = list(removed)
         if self.mc is not None:
             self.mc.scores, self.mc.nchars = state["mc"]
+        for name in ("sublayers", "lens"):
+            if getattr(self, name) is not None:
+                getattr(self, name).load_state_dict(state[name])
 
 
 # ---------------------------------------------------------------------------------------------- diagnose
@@ -157,6 +203,9 @@ def diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions | None = None,
     a time. ``out``: the report directory; the resume state lives beside it (:func:`state_dir`) while the sweep
     runs."""
     opts = opts or DiagnoseOptions()
+    if opts.tuned_lens:
+        raise DepthlabError("--tuned-lens needs the model in memory (its maps are fitted on the kept states); drop "
+                            "--tuned-lens or add --no-stream")
     t0 = time.time()
     settings = settings or SweepSettings(progress=opts.progress)
     if settings.state_dir is None and out is not None:
@@ -169,15 +218,13 @@ def _diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions, command: str
                        t0: float) -> dict[str, Any]:
     sweeper = Sweeper(target, settings)
     L = target.source.n_layers
-    if opts.sublayers or opts.lens:
-        log.info("the streamed engine measures whole blocks: no attention/MLP units and no logit lens (--no-stream "
-                 "gives them where the model fits memory)")
     batches, text = text_batches(target, opts)
     mc, mc_batches = _mc_batches(target, opts, L)
-    streams = [Stream("base"), *(removal_streams(L) if opts.removal else [])]
-    consumer = DiagnoseConsumer(L, opts.removal, mc)
-    sweeper.sweep("diagnose", text + mc_batches, streams, True, consumer)
-    acc = _Streamed(consumer.angular, consumer.variance, consumer.removal, [], consumer.base_loss, consumer.base_count)
+    consumer = DiagnoseConsumer(L, opts.removal, mc, _sublayers(target, opts), opts.lens)
+    sweeper.sweep("diagnose", text + mc_batches, consumer.streams(), True, consumer, taps=consumer.taps())
+    consumer.finish()
+    acc = _Streamed(consumer.angular, consumer.variance, consumer.removal, [], consumer.base_loss, consumer.base_count,
+                    consumer.sublayers, consumer.lens)
     if batches.short:
         log.warning("data %r holds only %d tokens in its %s split (asked for %d): using what there is",
                     opts.data, acc.angular.count, batches.split, opts.tokens)
@@ -191,6 +238,19 @@ def _diagnose_streamed(target: StreamTarget, opts: DiagnoseOptions, command: str
     report["engine"] = engine_record(sweeper, target)
     report["seconds"] = round(time.time() - t0, 2)
     return report
+
+
+def _sublayers(target: StreamTarget, opts: DiagnoseOptions) -> bool:
+    """Whether the attention / MLP units are measured: asked for, and the blocks keep branches depthlab knows
+    (else whole blocks only, with the line the in-memory engine logs)."""
+    if not opts.sublayers:
+        return False
+    try:
+        check_sublayers(target.source.layers)
+    except DepthlabError as err:
+        log.info("no attention/MLP units for %s: %s", target.name, err)
+        return False
+    return True
 
 
 def _mc_batches(target: StreamTarget, opts: DiagnoseOptions, L: int) -> tuple[MCAccumulator | None, list[SweepBatch]]:

@@ -118,13 +118,7 @@ class SublayerAccumulator:
         for l in range(1, self.n_layers + 1):
             layer = capture.layers[l - 1]
             attn, mlp = branch_ends(layer)
-            x, out = states[l - 1], states[l]
-            with zeroed(mlp):
-                mid = calls[l - 1](layer, x)
-            for unit, (a, b) in zip(UNITS, ((x, mid), (mid, out))):
-                ratio, angle = _contribution_and_angle(a, b)
-                self.contribution[unit][l - 1] += ratio
-                self.angular[unit][l - 1] += angle
+            self.add_block(l, layer, calls[l - 1], states[l - 1], states[l])
             if self.removal and labels is not None:
                 for unit, module in zip(UNITS, (attn, mlp)):
                     with zeroed(module):
@@ -134,6 +128,28 @@ class SublayerAccumulator:
         self.count += n_tok
         if self.removal and labels is not None:
             self.labels_count += int((labels != IGNORE_INDEX).sum())
+
+    @torch.no_grad()
+    def add_block(self, l: int, layer: nn.Module, call: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+                  x: torch.Tensor, out: torch.Tensor) -> None:
+        """Contribution and angular distance of block l's two branches: ``mid`` = ``call(layer, x)`` with the MLP
+        branch zeroed, between ``x`` (x^l) and ``out`` (x^{l+1}). The streamed engine calls it while block l is
+        loaded; the token count is added by :meth:`update` (or the caller: ``count``)."""
+        with zeroed(branch_ends(layer)[1]):
+            mid = call(layer, x)
+        for unit, (a, b) in zip(UNITS, ((x, mid), (mid, out))):
+            ratio, angle = _contribution_and_angle(a, b)
+            self.contribution[unit][l - 1] += ratio
+            self.angular[unit][l - 1] += angle
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"contribution": self.contribution, "angular": self.angular, "removed": self.removed, "base": self.base,
+                "count": self.count, "labels_count": self.labels_count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in ("contribution", "angular", "removed"):
+            setattr(self, name, {u: list(state[name][u]) for u in UNITS})
+        self.base, self.count, self.labels_count = float(state["base"]), int(state["count"]), int(state["labels_count"])
 
     def result(self) -> dict[str, Any]:
         if self.count == 0:

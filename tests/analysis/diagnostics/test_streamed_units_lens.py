@@ -1,0 +1,116 @@
+"""The streamed engine's attention / MLP units and logit lens equal the in-memory engine's (which
+test_sublayers_lens.py checks against transformers with a projection zeroed and the head applied by hand), in the
+same one pass over the weights: a depthlab run, Llama and two MoE families of the registry (Qwen3-MoE, Mixtral).
+
+Equality: max |Δ| over every number of the ``sublayers`` and ``lens`` sections (contribution, angular, loss and
+Δloss of each unit per block; lens loss, top-1 agreement, KL per state)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from streaming_models import byte_tokenizer, hf_dir, jitter_norms
+
+from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose, load_target
+from depthlab.analysis.diagnostics.streamed import Stream, SweepSettings, _Layout, sublayer_streams
+from depthlab.analysis.diagnostics.streamed_runner import diagnose_streamed
+from depthlab.targets.layerwise import open_layerwise
+
+OPTS = dict(tokens=96, seq_len=32, batch_size=2, jacobian=False, progress=False, joint_check=False)
+TOL = {"run": 1e-5, "llama": 1e-5, "qwen3_moe": 1e-4, "mixtral": 1e-4}  # MoE routing sums in another order
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    yield
+
+
+def _flat(x):
+    return [v for item in x for v in _flat(item)] if isinstance(x, list) else [x]
+
+
+def units_lens_diff(a: dict, b: dict) -> float:
+    """max |Δ| over the sublayers and lens sections of two reports (each must have both, with the same keys)."""
+    pairs = [(a["sublayers"][u][k], b["sublayers"][u][k]) for u in ("attn", "mlp")
+             for k in ("contribution", "angular", "loss", "delta_loss")]
+    pairs += [([a["sublayers"]["base_loss"]], [b["sublayers"]["base_loss"]])]
+    pairs += [(a["lens"][k], b["lens"][k]) for k in ("loss", "agreement", "kl")]
+    assert a["sublayers"]["tokens"] == b["sublayers"]["tokens"] and a["lens"]["tokens"] == b["lens"]["tokens"]
+    worst = 0.0
+    for x, y in pairs:
+        x, y = _flat(x), _flat(y)
+        assert len(x) == len(y) > 0
+        worst = max([worst, *(abs(u - v) for u, v in zip(x, y))])
+    return worst
+
+
+def _run(tmp_path: Path) -> Path:
+    import depthlab as d
+    from depthlab.train import TrainConfig, train
+
+    out = tmp_path / "run"
+    cfg = d.from_preset("tiny", n_layers=4, d_model=32, n_heads=4, d_ff=64, scheme="lns")
+    train(cfg, TrainConfig(data="builtin", tokenizer="bytes", steps=2, batch_size=4, seq_len=32, eval_every=0,
+                           eval_tokens=256, variance_every=0, ckpt_every=0, device="cpu"), out, quiet=True)
+    return out
+
+
+def _family(tmp_path: Path, model_type: str) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    from depthlab.hf.architectures import tiny_config
+
+    torch.manual_seed(0)
+    model = jitter_norms(AutoModelForCausalLM.from_config(tiny_config(model_type)).eval())
+    path = tmp_path / model_type
+    model.save_pretrained(path, max_shard_size="40KB")
+    byte_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("kind", list(TOL))
+def test_units_and_lens_streamed_equal_in_memory_in_one_weight_pass(tmp_path, kind):
+    path = _run(tmp_path) if kind == "run" else _family(tmp_path, kind)
+    opts = DiagnoseOptions(**OPTS)
+    mem = diagnose(load_target(str(path)), opts)
+    target = open_layerwise(str(path))
+    streamed = diagnose_streamed(target, opts)
+    worst = units_lens_diff(mem, streamed)
+    assert worst <= TOL[kind], f"{kind}: max |Δ| = {worst:.3g}"
+    L = streamed["model"]["n_layers"]
+    assert len(streamed["sublayers"]["attn"]["delta_loss"]) == L and len(streamed["lens"]["loss"]) == L + 1
+    assert streamed["lens"]["agreement"][-1] == 1.0 and abs(streamed["lens"]["loss"][-1] - streamed["loss"]["loss"]) < 1e-6
+    eng = streamed["engine"]
+    assert eng["weight_passes"] == 1 and eng["layers_computed"] == L
+    assert set(target.source.store.meter.reads.values()) == {1}  # each tensor read once: units and lens included
+    n_batches = 2
+    # block evaluations per batch: base L, removal sum_l (L - l), units 2 sum_l (L - l + 1)
+    assert eng["block_evals"] == n_batches * (L + L * (L - 1) // 2 + L * (L + 1))
+
+
+def test_the_lens_decoded_one_sequence_at_a_time_and_units_without_removal(tmp_path):
+    """Lens chunks of one sequence (max_rows = seq_len) give the numbers of whole batches; with --no-removal the units
+    still report contribution and angular distance (no unit streams: L block evaluations per batch)."""
+    path = hf_dir(tmp_path, "llama", 3)
+    opts = DiagnoseOptions(**OPTS)
+    mem = diagnose(load_target(str(path)), opts)
+    one = diagnose_streamed(open_layerwise(str(path)), opts, settings=SweepSettings(max_rows=32, progress=False))
+    assert units_lens_diff(mem, one) <= 1e-5
+    bare = DiagnoseOptions(**{**OPTS, "removal": False})
+    got = diagnose_streamed(open_layerwise(str(path)), bare)
+    want = diagnose(load_target(str(path)), bare)
+    assert "loss" not in got["sublayers"]["attn"] and got["engine"]["block_evals"] == 2 * 3
+    for unit in ("attn", "mlp"):
+        for key in ("contribution", "angular"):
+            assert max(abs(u - v) for u, v in zip(got["sublayers"][unit][key], want["sublayers"][unit][key])) <= 1e-5
+
+
+def test_unit_streams_are_born_at_their_block_and_zero_only_it():
+    L = 3
+    streams = [Stream("base"), *sublayer_streams(L)]
+    layout = _Layout.of(streams, L)
+    assert layout.born == [0, 1, 1, 2, 2, 3, 3]  # attn:l and mlp:l branch off the base at block l
+    assert layout.runs(2) == [(0, 3, ()), (3, 4, ("attn",)), (4, 5, ("mlp",))]
+    assert layout.runs(3) == [(0, 5, ()), (5, 6, ("attn",)), (6, 7, ("mlp",))]
