@@ -6,7 +6,8 @@
 
 A target loaded in memory runs :func:`~depthlab.prune.pipeline.prune_in_memory` (healing, latency, a depthlab run
 directory for depthlab models); one opened to be read layer by layer runs
-:func:`~depthlab.prune.streamed.prune_streamed` (HF safetensors directories; no healing). The choice of engine is
+:func:`~depthlab.prune.streamed.prune_streamed` (HF safetensors directories; LoRA healing), or for ``--unit attn|mlp``
+:func:`~depthlab.prune.streamed_units.prune_units_streamed` (no healing). The choice of engine is
 made when the target is opened (:func:`depthlab.targets.load_target`, ``stream=``); an ``opts.stream`` that
 contradicts the target given is refused in one line. :func:`check_target` makes every refusal of either engine
 before any pass over data.
@@ -22,6 +23,7 @@ from depthlab.base.errors import DepthlabError
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.pipeline import check_in_memory, prune_in_memory
 from depthlab.prune.streamed import check_stream_target, prune_streamed
+from depthlab.prune.streamed_units import check_units_streamed, prune_units_streamed
 from depthlab.prune.units import prune_units_in_memory
 from depthlab.targets.engine import engine_of
 from depthlab.targets.load import target_for
@@ -33,10 +35,12 @@ def check_target(target: Any, opts: PruneOptions, out: str | Path) -> Any:
     ``opts.stream`` says)."""
     target = target_for(target, opts.stream)
     if engine_of(target) == "streamed":
-        if opts.unit != "block" or opts.generate:
-            raise DepthlabError(f"{'--unit ' + opts.unit if opts.unit != 'block' else '--generate'} needs the model in "
-                                "memory; the streamed engine removes whole blocks and scores likelihood only (--no-stream)")
+        if opts.generate:
+            raise DepthlabError("--generate needs the model in memory; the streamed engine scores likelihood only "
+                                "(--no-stream)")
         check_stream_target(target, opts, Path(out))
+        if opts.unit != "block":
+            check_units_streamed(target, opts)
     else:
         check_in_memory(target, opts, Path(out))
     return target
@@ -50,6 +54,8 @@ def prune_target(target: Any, opts: PruneOptions, out: str | Path, command: str 
     streamed sweeps' (memory budget, rows per call, resume directory)."""
     target = target_for(target, opts.stream)
     if engine_of(target) == "streamed":
+        if opts.unit != "block":
+            return prune_units_streamed(target, opts, out, command, settings)
         return prune_streamed(target, opts, out, command, settings)
     if opts.unit != "block":
         return prune_units_in_memory(target, opts, out, command)

@@ -47,6 +47,10 @@ def _renamed(name: str, renumber: dict[int, int], pattern: re.Pattern) -> str | 
     return f"{m.group(1)}{renumber[old]}{m.group(3)}" if old in renumber else None
 
 
+def _nbytes(entry: dict[str, Any]) -> int:
+    return entry["data_offsets"][1] - entry["data_offsets"][0]
+
+
 def _folded(file: Path, name: str, scale: float, offset: float) -> bytes:
     """A pre-norm weight (or bias) with its layer's LNS scale folded in, in its own dtype, as raw bytes."""
     from safetensors import safe_open
@@ -136,9 +140,10 @@ def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | No
 
 
 def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: dict[str, Any] | None = None,
-                        tokenizer: Any = None) -> dict[str, Any]:
-    """Write the checkpoint of ``src`` without blocks ``removed`` (1-based) into ``out``; returns what was
-    written (files, bytes). Refuses, before writing anything, when the disk has no room for it."""
+                        tokenizer: Any = None, zeroed: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Write the checkpoint of ``src`` without blocks ``removed`` (1-based) into ``out``, the tensors ``zeroed``
+    (checkpoint keys: ``prune --unit``'s output projections) written as zeros; returns what was written (files,
+    bytes). Refuses, before writing anything, when the disk has no room for it."""
     from depthlab.hf.convert import hf_tokenizer
     from depthlab.models.schemes import lns_scale
 
@@ -170,6 +175,8 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
                 m = pattern.match(as_module[old_name])
                 if m and any(m.group(3) in (f".{norm}.weight", f".{norm}.bias") for norm in fam.pre_norms):
                     folded[new_name] = _folded(file, old_name, lns_scale(int(m.group(2)) + 1), fam.norm_offset)
+        for old_name in zeroed.intersection(names):  # calloc'd: zero pages, not resident memory
+            folded[names[old_name]] = bytes(_nbytes(read_header(file)[old_name]))
         total += _write_shard(file, out / shard, names, folded)
         weight_map.update(dict.fromkeys(names.values(), shard))
     if not single:

@@ -240,7 +240,7 @@ def _heal_streamed(target: StreamTarget, opts: PruneOptions, tmp: Path, ids: tor
     free = available_memory(target.device)
     need = stored_bytes(locate(str(tmp)), src.compute_dtype)
     if free is not None and need <= MEMORY_FRACTION * free:
-        check.update(_transformers_check(tmp, ids, probe, src.compute_dtype, target.device))
+        check.update(transformers_check(tmp, ids, probe, src.compute_dtype, target.device))
     return check
 
 
@@ -287,12 +287,12 @@ def verify_streamed(original: StreamedMeasure, pruned: StreamedMeasure, ids: tor
         log.info("the pruned model (%s) would not fit in memory: its export is checked layer by layer, without "
                  "transformers' generate", size)
         return check
-    check.update(_transformers_check(out, ids, ref, target.source.compute_dtype, target.device))
+    check.update(transformers_check(out, ids, ref, target.source.compute_dtype, target.device))
     return check
 
 
 @torch.no_grad()
-def _transformers_check(out: Path, ids: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
+def transformers_check(out: Path, ids: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
                         device: torch.device) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -125,12 +125,42 @@ def _greedy_candidates(cap: ResidualCapture, batches, unit: str, removed: set[in
     return {m: s / max(count, 1) for m, s in sums.items()}
 
 
-def greedy_units(cap: ResidualCapture, batches, unit: str, n: int | None, budget: float | None, base: float
+class UnitMeasure(Protocol):
+    """What choosing units needs of an engine: in memory (:class:`MemoryUnits`) or read one layer at a time
+    (:class:`depthlab.prune.streamed_units.StreamedUnits`); the choice itself (:func:`choose_units`) is shared."""
+
+    unit: str
+    n_layers: int
+
+    def survey(self) -> tuple[float, dict[str, Any]]: ...  # held-out loss, per-unit contribution and angle
+
+    def candidates(self, removed: set[int]) -> dict[int, float]: ...  # loss with removed + each other unit zeroed
+
+    def loss(self, removed: Sequence[int]) -> float: ...  # loss with the units of ``removed`` zeroed together
+
+
+class MemoryUnits:
+    """:class:`UnitMeasure` on a model in memory (replays from cached states)."""
+
+    def __init__(self, cap: ResidualCapture, batches: Any, unit: str) -> None:
+        self.cap, self.batches, self.unit, self.n_layers = cap, batches, unit, cap.n_layers
+
+    def survey(self) -> tuple[float, dict[str, Any]]:
+        return survey_units(self.cap, self.batches)
+
+    def candidates(self, removed: set[int]) -> dict[int, float]:
+        return _greedy_candidates(self.cap, self.batches, self.unit, removed)
+
+    def loss(self, removed: Sequence[int]) -> float:
+        return units_loss(self.cap, self.batches, self.unit, removed)
+
+
+def greedy_units(measure: UnitMeasure, n: int | None, budget: float | None, base: float
                  ) -> tuple[list[int], list[dict[str, Any]]]:
-    removed: set[int] = set()
+    unit, removed = measure.unit, set()
     path: list[dict[str, Any]] = []
-    while len(removed) < (n if n is not None else cap.n_layers):
-        losses = _greedy_candidates(cap, batches, unit, removed)
+    while len(removed) < (n if n is not None else measure.n_layers):
+        losses = measure.candidates(removed)
         block = min(losses, key=lambda m: (losses[m], -m))
         if budget is not None and losses[block] - base > budget:
             break
@@ -155,25 +185,24 @@ def survey_units(cap: ResidualCapture, batches) -> tuple[float, dict[str, Any]]:
     return total / count, acc.result()
 
 
-def choose_units(cap: ResidualCapture, batches, opts: Any) -> tuple[float, dict[str, Any], list[int], dict[str, Any]]:
-    """(held-out loss, unit survey, the blocks whose ``opts.unit`` goes, selection details)."""
-    unit = opts.unit
-    base, survey = survey_units(cap, batches)
+def choose_units(measure: UnitMeasure, opts: Any) -> tuple[float, dict[str, Any], list[int], dict[str, Any]]:
+    """(held-out loss, unit survey, the blocks whose ``opts.unit`` goes, selection details), on either engine."""
+    unit, L = opts.unit, measure.n_layers
+    base, survey = measure.survey()
     if opts.blocks is not None:
         return base, survey, sorted(opts.blocks), {"method": "user"}
     if opts.method == "removal":
-        removed, path = greedy_units(cap, batches, unit, opts.remove, opts.budget, base)
+        removed, path = greedy_units(measure, opts.remove, opts.budget, base)
         details: dict[str, Any] = {"method": "removal", "greedy_path": path}
     else:
         angle = survey[unit]["angular"]
-        order = sorted(range(1, cap.n_layers + 1), key=lambda l: (angle[l - 1], -l))
+        order = sorted(range(1, L + 1), key=lambda l: (angle[l - 1], -l))
         choose = lambda k: sorted(order[:k])  # noqa: E731
         details = {"method": opts.method, "angular": angle}
         if opts.remove is not None:
             removed = choose(opts.remove)
         else:
-            k, evaluated = largest_within_budget(choose, lambda b: units_loss(cap, batches, unit, b), base, opts.budget,
-                                                 cap.n_layers)
+            k, evaluated = largest_within_budget(choose, measure.loss, base, opts.budget, L)
             removed, details["budget_evaluated"] = choose(k), {str(i): v for i, v in sorted(evaluated.items())}
     if not removed:
         raise DepthlabError(f"no {unit} sublayer can be removed within --budget {opts.budget:g} nats with method "
@@ -205,7 +234,7 @@ def prune_units_in_memory(target: Any, opts: Any, out: str | Path, command: str 
     check_units(target, opts)
     batches = _Cached(held_out_batches(target, opts))
     cap = capture_of(target)
-    base, survey, removed, details = choose_units(cap, batches, opts)
+    base, survey, removed, details = choose_units(MemoryUnits(cap, batches, opts.unit), opts)
     ids = next(iter(batches))[0][:2, :64]
     mods = unit_modules(cap.layers, opts.unit)
     with torch.no_grad(), zeroed(*[mods[b - 1] for b in removed]):
@@ -225,7 +254,8 @@ def prune_units_in_memory(target: Any, opts: Any, out: str | Path, command: str 
         losses["healed"] = units_loss(capture_of_model(pruned), batches, opts.unit, [])
         if opts.generate:
             gen["healed"] = generative_accuracy(target, pruned, opts)
-    report = _report(target, opts, removed, details, survey, losses, gen, zero_diff, batches, command)
+    report = units_report(target, opts, removed, details, survey, losses, gen, batches, command,
+                          cost(hf_model_of(target.model), batches.seq_len))
     report["heal"] = heal_info
     with publish_dir(out) as tmp:
         final_hf = hf_model_of(pruned)
@@ -253,8 +283,10 @@ def capture_of_model(model: nn.Module) -> ResidualCapture:
     return ResidualCapture(model, find_layers(model), lambda ids: lm_logits(model, ids))
 
 
-def _report(target, opts, removed, details, survey, losses, gen, zero_diff, batches, command) -> dict[str, Any]:
-    L = len(find_layers(target.model))
+def units_report(target, opts, removed, details, survey, losses, gen, batches, command, original_cost
+                 ) -> dict[str, Any]:
+    """prune.json's sections of a sublayer prune, on either engine."""
+    L = len(survey[opts.unit]["angular"])
     return {
         "model": {k: v for k, v in target.info.items() if k != "config"},
         "unit": opts.unit, "method": details.pop("method"), "removed_blocks": removed,
@@ -265,7 +297,7 @@ def _report(target, opts, removed, details, survey, losses, gen, zero_diff, batc
         "data": {"spec": opts.data, "split": "val", "tokens": survey["tokens"], "seq_len": batches.seq_len},
         "loss": losses, "ppl": {k: perplexity(v) for k, v in losses.items()},
         "generate": gen or None,
-        "cost": {"original": cost(hf_model_of(target.model), batches.seq_len)},
+        "cost": {"original": original_cost},
         "options": {**asdict(opts), "heal": asdict(opts.heal)}, "command": command,
     }
 
@@ -318,12 +350,13 @@ def write_units_report(report: dict[str, Any], out: Path) -> Path:
     gen = report.get("generate") or {}
     rows = [(s, f"{report['loss'][s]:.4f}", f"{report['ppl'][s]:.2f}",
              f"{100 * gen[s]['acc']:.1f} %" if s in gen else "–") for s in stages]
-    lat, exp = report["latency"]["models"], report["export"]
+    lat, exp = (report.get("latency") or {}).get("models", {}), report["export"]
     body = [f"<h1>depthlab prune --unit {esc(report['unit'])}</h1>", f'<p class="summary">{esc(report["summary"])}</p>',
             table(["model", "held-out loss", "perplexity", "generative exact match"], rows),
             "<h2>Speed (greedy generation)</h2>",
             table(["model", "seconds", "tokens/s"], [(k, f"{v['seconds']:.3f}", f"{v['tokens_per_s']:.1f}")
-                                                     for k, v in lat.items()]),
+                                                     for k, v in lat.items()]) if lat else
+            "<p>not measured: the model was read one layer at a time (it needs the model in memory)</p>",
             kv_table([("export max |Δ logit| vs the in-memory pruned model", f"{exp['max_abs_logit_diff']:.2e}"),
                       ("zeroed projections vs zeroed branch outputs", f"{exp['max_abs_logit_diff_zeroed_vs_hooked']:.2e}")]),
             img(fig, "attention and MLP per block"), f'<p class="muted">command: <code>{esc(report.get("command"))}</code></p>']
@@ -335,12 +368,13 @@ def write_units_report(report: dict[str, Any], out: Path) -> Path:
 def units_summary(r: dict[str, Any]) -> str:
     loss, gen = r["loss"], r.get("generate") or {}
     g = "; generative exact match " + " -> ".join(f"{100 * gen[s]['acc']:.1f} %" for s in gen) if gen else ""
-    lat = r["latency"]
-    own = f", depthlab skipping them x{lat['depthlab_speedup']:.2f}" if "depthlab_speedup" in lat else ""
+    lat = r.get("latency")
+    own = f", depthlab skipping them x{lat['depthlab_speedup']:.2f}" if lat and "depthlab_speedup" in lat else ""
+    speed = (f"; generation speed of the export in plain transformers x{lat['export_speedup']:.2f} (the zeroed "
+             f"projections still run){own}" if lat else "; speed not measured (streamed: the zeroed projections "
+             "still run in plain transformers)")
     return (f"Removed the {r['unit']} sublayer of blocks {r['removed_blocks']} ({r['method']}): held-out loss "
-            + " -> ".join(f"{loss[s]:.4f}" for s in loss) + g
-            + f"; generation speed of the export in plain transformers x{lat['export_speedup']:.2f} (the zeroed "
-            f"projections still run){own}.")
+            + " -> ".join(f"{loss[s]:.4f}" for s in loss if loss[s] is not None) + g + speed + ".")
 
 
 __all__ = ["UNITS", "prune_units_in_memory", "zero_units", "output_projection", "choose_units", "units_loss"]

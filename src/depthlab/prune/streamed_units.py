@@ -1,0 +1,213 @@
+"""``prune --unit attn|mlp`` on a model read one layer at a time: the in-memory choice, measured by sweeps.
+
+    target = load_target("path/to/hf-dir", stream=True)
+    report = prune_units_streamed(target, PruneOptions(unit="attn", method="removal", remove=4), "pruned/attn-4")
+    # or prune_target(target, ...) (depthlab.prune.engines), which runs the engine of the target it is given
+
+The choice is :func:`depthlab.prune.units.choose_units`, the in-memory one, fed by sweeps of the streamed engine
+(:mod:`depthlab.analysis.diagnostics.streamed`) through :class:`StreamedUnits`: the survey (loss, and each block's
+attention / MLP contribution and angular distance, measured while the block is loaded) is one sweep; each greedy
+step is one sweep carrying one stream per candidate (``Stream.zero``: the base with the units removed so far zeroed,
+each candidate born at its block with its unit zeroed too); each joint loss (``--budget``) is one sweep.
+
+The export is the checkpoint copied shard by shard with the removed units' output projections (``o_proj`` /
+``down_proj`` and their biases, found by the table the in-memory export uses,
+:data:`depthlab.prune.units.OUT_PROJ`, on the model's own layer classes) written as zeros
+(:func:`depthlab.prune.shards.write_pruned_shards`): the same architecture and depth, which plain ``transformers``
+loads with the in-memory unit-pruned export's logits, and no faster there. It is checked layer by layer (the
+written files against the original with those branches zeroed) and, when it fits in memory, with plain
+``transformers`` (logits, cached ``generate``). Not done here: healing (refused in one line before any work:
+the LoRA heal of the written checkpoint would move the zeroed projections), ``--generate`` and the generation
+latency (they need the model in memory).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from depthlab.analysis.diagnostics.removal import nll_sum
+from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, SweepSettings, Taps
+from depthlab.analysis.diagnostics.streamed_runner import LossConsumer, state_dir
+from depthlab.analysis.diagnostics.sublayers import SublayerAccumulator, check_sublayers
+from depthlab.base.errors import DepthlabError
+from depthlab.base.progress import logs_to_stderr
+from depthlab.prune.options import PruneOptions
+from depthlab.prune.pipeline import held_out_batches
+from depthlab.prune.streamed import LogitsConsumer, streamed_cost, transformers_check
+from depthlab.prune.units import choose_units, output_projection, units_report, write_units_report
+from depthlab.targets.engine import MEMORY_FRACTION, available_memory, engine_record
+from depthlab.targets.layerwise import StreamTarget, locate, open_layerwise, stored_bytes
+
+log = logging.getLogger(__name__)
+
+
+def check_units_streamed(target: StreamTarget, opts: PruneOptions) -> None:
+    """Refuse before any pass over data what a streamed sublayer prune cannot do: healing, blocks without known
+    branches or output projections (the in-memory engine's checks, on the model's layer classes)."""
+    if opts.heal.steps > 0:
+        raise DepthlabError(f"--heal with --unit {opts.unit} needs the model in memory (healing the written checkpoint "
+                            "would move its zeroed projections); drop --heal-steps or add --no-stream")
+    layers = target.source.layers
+    check_sublayers(layers)
+    for layer in layers:
+        output_projection(layer, opts.unit)
+
+
+def zeroed_keys(target: StreamTarget, unit: str, blocks: Sequence[int]) -> frozenset[str]:
+    """Checkpoint keys of the output projections (weight, bias) of ``unit`` in ``blocks`` (1-based)."""
+    src = target.source
+    return frozenset(k for b in blocks for k in src.keys_of(output_projection(src.layers[b - 1], unit)))
+
+
+@dataclass
+class _SurveyConsumer:
+    """The base stream's loss and each block's two branches (contribution, angle) while the block is loaded."""
+
+    acc: SublayerAccumulator
+    total: float = 0.0
+    count: int = 0
+
+    def logits(self, stream: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
+        s, n = nll_sum(logits, batch.labels)
+        self.total, self.count = self.total + s, self.count + n
+
+    def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None:
+        self.acc.count += states[0].shape[0] * states[0].shape[1]
+
+    def layer(self, j: int, index: int, batch: SweepBatch, layer, call, x: torch.Tensor, out: torch.Tensor) -> None:
+        self.acc.add_block(j, layer, call, x, out)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"acc": self.acc.state_dict(), "loss": [self.total, self.count]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.acc.load_state_dict(state["acc"])
+        self.total, self.count = state["loss"]
+
+
+class StreamedUnits:
+    """:class:`depthlab.prune.units.UnitMeasure` by sweeps over a streamed target's layers."""
+
+    def __init__(self, target: StreamTarget, text: list[SweepBatch], settings: SweepSettings, unit: str) -> None:
+        self.target, self.text, self.unit = target, text, unit
+        self.sweeper = Sweeper(target, settings)
+        self.n_layers = target.source.n_layers
+        self.steps = 0
+
+    def _zero(self, blocks: Sequence[int]) -> frozenset[tuple[int, str]]:
+        return frozenset((b, self.unit) for b in blocks)
+
+    def survey(self) -> tuple[float, dict[str, Any]]:
+        consumer = _SurveyConsumer(SublayerAccumulator(self.n_layers, removal=False))
+        self.sweeper.sweep("units-survey", self.text, [Stream("base")], True, consumer, taps=Taps(layer=consumer.layer))
+        if consumer.count == 0:
+            raise DepthlabError("the held-out data gave no tokens to evaluate")
+        return consumer.total / consumer.count, consumer.acc.result()
+
+    def candidates(self, removed: set[int]) -> dict[int, float]:
+        """Loss with ``removed`` and each other block's unit zeroed: one sweep, one stream per candidate."""
+        cands = [m for m in range(1, self.n_layers + 1) if m not in removed]
+        base = self._zero(removed)
+        streams = [Stream("base", zero=base), *(Stream(f"candidate:{m}", zero=base | self._zero([m])) for m in cands)]
+        consumer = LossConsumer(len(streams))
+        self.steps += 1
+        self.sweeper.sweep(f"units-greedy-{self.steps}", self.text, streams, False, consumer)
+        return {m: consumer.loss(i) for i, m in enumerate(cands, start=1)}
+
+    def loss(self, removed: Sequence[int]) -> float:
+        consumer = LossConsumer(1)
+        name = "units-joint-" + "-".join(map(str, sorted(removed)))
+        self.sweeper.sweep(name, self.text, [Stream("joint", zero=self._zero(removed))], False, consumer, show=False)
+        return consumer.loss(0)
+
+    def logits(self, ids: torch.Tensor, removed: Sequence[int], name: str) -> torch.Tensor:
+        consumer = LogitsConsumer()
+        self.sweeper.sweep(name, [SweepBatch(ids, states=False)], [Stream("probe", zero=self._zero(removed))], False,
+                           consumer, show=False)
+        return consumer.out[0]
+
+
+@logs_to_stderr
+def prune_units_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, command: str | None = None,
+                         settings: SweepSettings | None = None) -> dict[str, Any]:
+    """Remove ``opts.unit`` sublayers of ``target``, reading it one layer at a time; write the checkpoint (zeroed
+    projections), ``prune.json`` and ``report.html`` into ``out``, whole or not at all. Returns the report (the
+    in-memory :func:`depthlab.prune.units.prune_units_in_memory`'s shape; no latency, no healing)."""
+    from depthlab.analysis.diagnostics.streamed import hold_state
+    from depthlab.prune.streamed import check_stream_target
+
+    t0, out = time.time(), Path(out)
+    check_stream_target(target, opts, out)
+    check_units_streamed(target, opts)
+    settings = settings or SweepSettings(progress=opts.progress)
+    settings.state_dir = settings.state_dir or state_dir(out)
+    with hold_state(settings.state_dir, out):  # one writer of out and its resume state at a time
+        return _prune_units(target, opts, out, command, settings, t0)
+
+
+def _prune_units(target: StreamTarget, opts: PruneOptions, out: Path, command: str | None, settings: SweepSettings,
+                 t0: float) -> dict[str, Any]:
+    from depthlab.analysis.diagnostics.streamed import clear_state
+    from depthlab.base.fileio import publish_dir
+    from depthlab.prune.shards import write_pruned_shards
+
+    batches = held_out_batches(target, opts)
+    text = [SweepBatch(x, y) for x, y in batches]
+    if not text:
+        raise DepthlabError("the held-out data gave no tokens to evaluate")
+    measure = StreamedUnits(target, text, settings, opts.unit)
+    base, survey, removed, details = choose_units(measure, opts)
+    with publish_dir(out) as tmp:
+        written = write_pruned_shards(target.path, [], tmp, {"pruned_from": str(target.name), "removed_units": opts.unit,
+                                      "removed_blocks": removed, "method": details["method"]}, target.tokenizer,
+                                      zeroed=zeroed_keys(target, opts.unit, removed))
+        src = target.source
+        pruned = StreamedUnits(open_layerwise(str(tmp), target.device, src.dtype, src.compute_dtype), text, settings,
+                               opts.unit)
+        losses = {"original": base, "pruned": pruned.loss([])}
+        report = units_report(target, opts, removed, details, survey, losses, {}, batches, command,
+                              streamed_cost(target, batches.seq_len))
+        check = verify_units_streamed(measure, pruned, text[0].ids[:2, :64], removed, tmp)
+        report.update(export={**check, "dir": str(out), "written": written}, latency=None, heal=None,
+                      engine=_engine(measure, pruned), seconds=round(time.time() - t0, 2))
+        write_units_report(report, tmp)
+    clear_state(settings.state_dir)
+    return report
+
+
+def verify_units_streamed(original: StreamedUnits, pruned: StreamedUnits, ids: torch.Tensor, removed: list[int],
+                          out: Path) -> dict[str, Any]:
+    """The written checkpoint (zeroed projections), read layer by layer, against the original with those branches
+    zeroed; loaded with plain ``transformers`` too (logits, cached ``generate``) when it fits in memory."""
+    hooked = original.logits(ids, removed, "probe-original")
+    got = pruned.logits(ids, [], "probe-pruned")
+    diff = float((hooked - got).abs().max())
+    target = pruned.target
+    check: dict[str, Any] = {"max_abs_logit_diff_zeroed_vs_hooked": diff, "max_abs_logit_diff": diff,
+                             "loaded_with": "depthlab, layer by layer", "architecture": target.info["architecture"],
+                             "n_layers_loaded": target.source.n_layers, "generated_tokens": None,
+                             "generate_cache_matches_no_cache": None}
+    free, need = available_memory(target.device), stored_bytes(locate(str(out)), target.source.compute_dtype)
+    if free is not None and need > MEMORY_FRACTION * free:
+        log.info("the pruned model (%.1f GiB) would not fit in memory: its export is checked layer by layer, without "
+                 "transformers' generate", need / 2**30)
+        return check
+    check.update(transformers_check(out, ids, hooked, target.source.compute_dtype, target.device))
+    return check
+
+
+def _engine(measure: StreamedUnits, pruned: StreamedUnits) -> dict[str, Any]:
+    st, meter = measure.sweeper.stats, measure.target.source.store.meter
+    return {**engine_record(measure.target), "compute_dtype": str(measure.target.source.compute_dtype)[6:],
+            "sweeps": st.passes, "weight_passes": st.weight_passes, "layers_computed": st.layers_computed,
+            "block_evals": st.block_evals, "token_evals": st.token_evals, "sweep_seconds": round(st.seconds, 2),
+            "bytes_read": meter.bytes_read, "peak_weight_bytes": meter.peak, "stream_bytes": st.stream_bytes,
+            "resumed": st.resumed, "pruned_sweeps": pruned.sweeper.stats.passes,
+            "not_done": "healing, --generate and generation latency (they need the model in memory)"}
