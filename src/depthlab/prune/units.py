@@ -66,8 +66,14 @@ def output_projection(layer: nn.Module, unit: str) -> nn.Linear:
 
 
 def zero_units(model: nn.Module, unit: str, blocks: Sequence[int]) -> nn.Module:
-    """A copy of ``model`` whose ``unit`` of each of ``blocks`` (1-based) has a zero output projection."""
+    """A copy of ``model`` whose ``unit`` of each of ``blocks`` (1-based) has a zero output projection (an HF model
+    with LayerNorm Scaling hooks gets them folded into its norms, as the block export does, so that its export loads
+    in plain transformers with the same function)."""
+    from depthlab.hf.lns import fold_layernorm_scaling, is_layernorm_scaled
+
     model = copy.deepcopy(model)
+    if is_layernorm_scaled(model):
+        model = fold_layernorm_scaling(model, inplace=True)
     layers = find_layers(model)
     with torch.no_grad():
         for b in blocks:
