@@ -38,9 +38,9 @@ def check_target(target: Any, opts: PruneOptions, out: str | Path) -> Any:
         if opts.generate:
             raise DepthlabError("--generate needs the model in memory; the streamed engine scores likelihood only "
                                 "(--no-stream)")
-        check_stream_target(target, opts, Path(out))
         if opts.unit != "block":
-            check_units_streamed(target, opts)
+            check_units_streamed(target, opts)  # first: its --heal refusal is the one that applies
+        check_stream_target(target, opts, Path(out))
     else:
         check_in_memory(target, opts, Path(out))
     return target

@@ -144,8 +144,8 @@ def prune_units_streamed(target: StreamTarget, opts: PruneOptions, out: str | Pa
     from depthlab.prune.streamed import check_stream_target
 
     t0, out = time.time(), Path(out)
-    check_stream_target(target, opts, out)
     check_units_streamed(target, opts)
+    check_stream_target(target, opts, out)
     settings = settings or SweepSettings(progress=opts.progress)
     settings.state_dir = settings.state_dir or state_dir(out)
     with hold_state(settings.state_dir, out):  # one writer of out and its resume state at a time
