@@ -309,7 +309,7 @@ class Sweeper:
         self.settings = settings or SweepSettings()
         self.stats = SweepStats()
         self.elem = torch.tensor([], dtype=self.source.compute_dtype).element_size()
-        self.d_model = int(target.info["d_model"])
+        self.d_model = int(self.source.state_width)  # the state between blocks: n·D for n residual streams
 
     # ------------------------------------------------------------------ planning
     def _budget(self) -> tuple[int | None, int]:
@@ -483,7 +483,7 @@ class Sweeper:
                 for a, b in runs:
                     for c in range(a, b, step):
                         d = min(b, c + step)
-                        out = call(layer, buf[c:d].reshape((d - c) * B, T, -1))
+                        out = call(layer, buf[c:d].reshape((d - c) * B, T, -1), batch.ids.to(self.target.device))
                         buf[c:d] = out.reshape(d - c, B, T, -1)
                         self.stats.block_evals += d - c
                         self.stats.token_evals += (d - c) * B * T
