@@ -263,3 +263,59 @@ def test_refused_capabilities_say_why_in_one_line(tmp_path_factory):
         family_of("bert", "prune")
     with pytest.raises(DepthlabError, match="no pre-norm"):
         family_of("olmo2", "lns")
+
+
+def test_gemma4_pruned_keeps_each_blocks_per_layer_embeddings_and_config(tmp_path_factory, tmp_path):
+    """Block 2 of 4 removed: the per-layer embedding table and projection keep the other blocks' slices (in their
+    order), the full-attention block's per-layer head_dim moves with it, in memory and shard by shard."""
+    from transformers import AutoModelForCausalLM
+
+    model, path = tiny("gemma4_text", tmp_path_factory)
+    P, keep = model.config.hidden_size_per_layer_input, [0, 2, 3]
+    cols = torch.tensor([i * P + k for i in keep for k in range(P)])
+    write_hf(drop_layers(model, [2]), tmp_path / "memory")
+    write_pruned_shards(path, [2], tmp_path / "shards")
+    for out in ("memory", "shards"):
+        loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / out))
+        torch.testing.assert_close(loaded.model.embed_tokens_per_layer.weight,
+                                   model.model.embed_tokens_per_layer.weight[:, cols], rtol=0, atol=0)
+        torch.testing.assert_close(loaded.model.per_layer_model_projection.weight,
+                                   model.model.per_layer_model_projection.weight[cols], rtol=0, atol=0)
+        heads = [loaded.config.per_layer_config[i].head_dim for i in range(3)]
+        assert heads == [model.config.per_layer_config[i].head_dim for i in keep] and heads[-1] != heads[0]
+
+
+def _kv_shared(tmp_path):
+    """Gemma 4 whose blocks 3 and 4 reuse the keys and values of blocks 1 (sliding) and 2 (full attention)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = tiny_config("gemma4_text", num_kv_shared_layers=2,
+                         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+    model = jitter_norms(AutoModelForCausalLM.from_config(config).eval())
+    model.save_pretrained(tmp_path / "kv")
+    byte_tokenizer().save_pretrained(tmp_path / "kv")
+    return model, tmp_path / "kv"
+
+
+def test_gemma4_kv_sharing_refuses_what_it_cannot_express_and_prunes_the_rest(tmp_path):
+    model, path = _kv_shared(tmp_path)
+    with pytest.raises(DepthlabError, match=r"blocks 3\.\.4 reuse the keys and values") as err:
+        load_target(str(path), stream=True)
+    assert "\n" not in str(err.value)
+    for removed, named in (([1], r"blocks \[1\] cannot go"), ([2, 3], r"blocks \[2\] cannot go")):
+        with pytest.raises(DepthlabError, match=named):
+            drop_layers(model, removed)
+        with pytest.raises(DepthlabError, match=named):
+            write_pruned_shards(path, removed, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
+    write_hf(drop_layers(model, [3]), tmp_path / "memory")  # a block that reuses: it can go
+    _check_export(tmp_path / "memory", model, 3)
+    write_pruned_shards(path, [3], tmp_path / "shards")
+    _check_export(tmp_path / "shards", model, 3)
+
+
+def test_gemma4_last_block_must_stay_full_attention(tmp_path_factory):
+    model, _ = tiny("gemma4_text", tmp_path_factory)
+    with pytest.raises(DepthlabError, match=r"block 3 \(sliding_attention\) would become the last"):
+        drop_layers(model, [4])

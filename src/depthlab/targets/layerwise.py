@@ -693,7 +693,7 @@ class Located:
 
 def locate(name: str) -> Located | str:
     """The streamable checkpoint ``name`` designates, or a sentence saying why it is not streamable."""
-    from depthlab.hf.architectures import family_of
+    from depthlab.hf.architectures import check_config, family_of
 
     path = Path(name).expanduser()
     if not path.is_dir():
@@ -709,6 +709,7 @@ def locate(name: str) -> Located | str:
     model_type = config.get("model_type") if isinstance(config, dict) else None
     try:
         family_of(model_type, "stream")
+        check_config(config, "stream")  # what this config of the family cannot do (Gemma 4's KV sharing)
     except DepthlabError as err:
         return first_line(err)
     files = safetensors_files(path)
