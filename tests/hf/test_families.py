@@ -319,3 +319,38 @@ def test_gemma4_last_block_must_stay_full_attention(tmp_path_factory):
     model, _ = tiny("gemma4_text", tmp_path_factory)
     with pytest.raises(DepthlabError, match=r"block 3 \(sliding_attention\) would become the last"):
         drop_layers(model, [4])
+
+
+def test_deepseek_v4_block_jacobian_is_the_whole_multi_stream_states(tmp_path_factory):
+    """The in-memory Jacobian path on DeepSeek-V4: block 2's Jacobian is that of its whole (n·D) state at token t, equal
+    to autograd's on the block called here as the model calls it (a pre-hook records its arguments: the hash router's
+    ids, masks, rotary tables), with the (n, D) state unflattened by hand; and diagnose --jacobian reports it."""
+    from depthlab.analysis.diagnostics.capture import ResidualCapture
+    from depthlab.analysis.diagnostics.jacobian import block_jacobians
+
+    model, path = tiny("deepseek_v4", tmp_path_factory)
+    ids, t, l = IDS[:1, :7], 6, 2
+    block = get_path(model, "model.layers")[l - 1]
+    seen = {}
+    hook = block.register_forward_pre_hook(lambda m, a, k: seen.update(a=a, k=k) and None, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+    finally:
+        hook.remove()
+    h0 = seen["a"][0] if seen["a"] else seen["k"]["hidden_states"]
+    kwargs = {k: v for k, v in seen["k"].items() if k != "hidden_states"}
+    n, d = h0.shape[2:]
+
+    def f(v):
+        h = h0.clone()
+        h[0, t] = v.view(n, d)
+        return block(h, *seen["a"][1:], **kwargs)[0, t].flatten()
+
+    ref = torch.autograd.functional.jacobian(f, h0[0, t].flatten())
+    cap = ResidualCapture(model, find_layers(model), lambda x: model(input_ids=x, use_cache=False).logits)
+    out = block_jacobians(cap, [ids[0]], [t], layers=[l], keep=[l])
+    assert ref.shape == (n * d, n * d)
+    torch.testing.assert_close(out["matrices"][l], ref, rtol=1e-4, atol=1e-5)
+    report = diagnose(load_target(str(path)), DiagnoseOptions(**{**OPTS, "jacobian": True}))
+    assert [math.isfinite(b["rel_dist_identity"]) for b in report["jacobian"]["per_layer"]] == [True] * 4
