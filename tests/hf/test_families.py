@@ -210,13 +210,15 @@ def test_an_lns_checkpoint_pruned_shard_by_shard_folds_each_kept_blocks_scale(mo
     torch.testing.assert_close(got, _skipping(lns, 2), atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt2"])
-def test_prune_target_streamed_gives_the_in_memory_choice(model_type, tmp_path_factory, tmp_path):
-    """The whole streamed prune (survey, greedy sweeps, shard cut, check) on a MoE family and a tied GPT-2."""
+@pytest.mark.parametrize(("model_type", "which"), [("qwen3_moe", {"remove": 1}), ("gpt2", {"remove": 1}),
+                                                   ("deepseek_v4", {"remove": 1}), ("gemma4_text", {"blocks": [2]})])
+def test_prune_target_streamed_gives_the_in_memory_choice(model_type, which, tmp_path_factory, tmp_path):
+    """The whole streamed prune (survey, greedy sweeps, shard cut, check) on a MoE family, a tied GPT-2, DeepSeek-V4's
+    streams and Gemma 4's per-layer embeddings (a given block: its greedy choice, the last block, cannot go)."""
     from depthlab.prune import PruneOptions, prune_target
 
     _, path = tiny(model_type, tmp_path_factory)
-    opts = dict(method="removal", remove=1, data="builtin", tokens=64, seq_len=16, batch_size=2, progress=False,
+    opts = dict(method="removal", **which, data="builtin", tokens=64, seq_len=16, batch_size=2, progress=False,
                 latency_tokens=2)
     streamed = prune_target(str(path), PruneOptions(**opts, stream=True), tmp_path / "s")
     in_memory = prune_target(load_target(str(path)), PruneOptions(**opts), tmp_path / "m")

@@ -143,6 +143,12 @@ def _kv_sharing(config: Any, capability: str, removed: Sequence[int]) -> str | N
     return None
 
 
+#: What each config limit means for a capability, as the README table's notes say it.
+LIMIT_NOTES: dict[str, dict[str, str]] = {"kv_sharing": {
+    "stream": "not with KV sharing (num_kv_shared_layers > 0: later blocks reuse the keys and values of earlier ones, "
+              "which the layer-by-layer engine does not carry); refused in one line",
+    "prune": "a block whose keys and values later blocks reuse (KV sharing) cannot go, nor blocks that would leave a "
+             "sliding-attention block last; refused in one line naming them, before the checkpoint is cut"}}
 #: What some configs of a family cannot do, by name: (config or config.json's dict, capability, removed 1-based
 #: blocks) -> one line saying why, or None.
 CONFIG_LIMITS: dict[str, Callable[[Any, str, Sequence[int]], str | None]] = {"kv_sharing": _kv_sharing}
@@ -313,8 +319,11 @@ def family_table() -> str:
         cells = []
         for cap in CAPABILITIES:
             why = fam.why_not(cap)
-            if why is not None and why not in notes:
-                notes.append(why)
-            cells.append("yes" if why is None else f"no [{notes.index(why) + 1}]")
+            limits = [LIMIT_NOTES[name][cap] for name in fam.limits if cap in LIMIT_NOTES[name]]
+            for note in [why] if why is not None else limits:
+                if note not in notes:
+                    notes.append(note)
+            marks = " ".join(f"[{notes.index(note) + 1}]" for note in limits)
+            cells.append(f"no [{notes.index(why) + 1}]" if why is not None else f"yes {marks}".strip())
         rows.append(f"| {fam.name} | `{fam.model_type}` | {fam.kind} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n\n" + "\n".join(f"[{i}] {why}." for i, why in enumerate(notes, start=1))

@@ -231,9 +231,13 @@ def generation_latency(models: dict[str, nn.Module], prompt: torch.Tensor, new_t
 
 
 def cost(model: nn.Module, seq_len: int) -> dict[str, int]:
-    """Parameters and forward FLOPs per token at context ``seq_len``: 2 per weight of every linear
+    """Parameters (and stored buffers) and forward FLOPs per token at context ``seq_len``: 2 per weight of every linear
     layer (LM head included) + 2·T·(heads·head_dim) per layer for the causal attention scores and mixing."""
-    n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    stored = {id(p): p for p in model.parameters()}  # and the buffers a checkpoint stores (routing tables, biases):
+    for module in model.modules():                   # what the streamed engine counts from the checkpoint's index
+        stored.update({id(b): b for name, b in module._buffers.items()
+                       if b is not None and name not in module._non_persistent_buffers_set})
+    n_params = sum(t.numel() for t in stored.values())
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     layers = find_layers(model)
     attn = 0
