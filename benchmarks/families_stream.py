@@ -71,6 +71,10 @@ def save_tiny(model_type: str, root: Path, layers: int) -> Path:
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, num_hidden_layers=layers)).eval()
+    with torch.no_grad():  # DeepSeek-V4's hash-routing table starts at zeros (every token to expert 0): drawn, so the
+        for name, table in model.named_buffers():  # streamed engine's per-block ids matter as in a trained model
+            if name.endswith("tid2eid"):
+                table.copy_(torch.randint(0, model.config.n_routed_experts, table.shape))
     path = root / model_type
     model.save_pretrained(path)
     byte_tokenizer().save_pretrained(path)
@@ -102,6 +106,7 @@ def measure(path: Path, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    from depthlab.base.fileio import write_json_atomic
     from depthlab.hf.architectures import FAMILIES, supporting
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,7 +132,7 @@ def main() -> None:
               "settings": {k: v for k, v in vars(args).items() if k not in ("out", "families")},
               "load_average_before": load_before, "load_average_after": list(os.getloadavg()), "families": out}
     path = result_path("families_stream_cpu.json", args.out)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    write_json_atomic(path, record, indent=1)
     print(f"wrote {path}")
 
 

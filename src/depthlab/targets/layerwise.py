@@ -6,7 +6,7 @@
     calls = src.layer_calls(T)                  # how the model calls each layer at length T (masks, rotary)
     for i in range(src.n_layers):
         with src.layer(i) as layer:             # layer i's tensors read, built into that layer alone
-            h = calls[i](layer, h)              # ... and released on exit
+            h = calls[i](layer, h, ids)         # ... and released on exit (ids: for blocks that read them)
     with src.head() as head:                    # final norm + LM head
         logits = head(h)
 
@@ -18,7 +18,11 @@ run's ``DecoderLM`` for a depthlab run. A module is *materialised* by loading it
 files (``load_state_dict(assign=True)``) and *released* by moving it back to ``meta``, so one layer's
 tensors are alive at a time. How each layer is called (attention masks, rotary tables, per-layer
 attention types) is recorded from the model's own forward run once per sequence length with stub
-layers that return their input: nothing of the model's mask or rotary code is re-implemented.
+layers that return their input: nothing of the model's mask or rotary code is re-implemented. A family whose blocks
+also read per-token values (``Family.token_args``: Gemma 4's per-layer embeddings, DeepSeek-V4's ids for hash
+routing) gets them from the same forward, run on the batch's ids in the embedding step; each block's call is handed
+its own (``calls[i](layer, h, ids)``). A multi-stream state (DeepSeek-V4's ``(B, T, n, D)``) is held as
+``(B, T, n·D)`` between blocks (``state_width``), as depthlab's ``mhc`` scheme holds its streams.
 
 :class:`WeightMeter` counts the bytes read, the reads of every tensor, and the bytes of weight tensors
 alive at once (weak references to their storages): what the tests assert and the benchmark reports.
