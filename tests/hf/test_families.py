@@ -317,10 +317,22 @@ def test_gemma4_kv_sharing_refuses_what_it_cannot_express_and_prunes_the_rest(tm
     _check_export(tmp_path / "shards", model, 3)
 
 
-def test_gemma4_last_block_must_stay_full_attention(tmp_path_factory):
-    model, _ = tiny("gemma4_text", tmp_path_factory)
-    with pytest.raises(DepthlabError, match=r"block 3 \(sliding_attention\) would become the last"):
+def test_gemma4_last_block_must_stay_full_attention(tmp_path_factory, tmp_path, monkeypatch):
+    """Refused in one line naming the blocks, by the surgery and by prune_target before any pass over data."""
+    from depthlab.prune import PruneOptions, pipeline, prune_target
+    from depthlab.prune import streamed as streamed_prune
+
+    model, path = tiny("gemma4_text", tmp_path_factory)
+    refusal = r"blocks \[4\] cannot all go: block 3 \(sliding_attention\) would become the last"
+    with pytest.raises(DepthlabError, match=refusal):
         drop_layers(model, [4])
+    for module in (pipeline, streamed_prune):
+        monkeypatch.setattr(module, "held_out_batches", lambda *a: pytest.fail("data read before the refusal"))
+    for stream in (False, True):
+        opts = PruneOptions(blocks=[4], data="builtin", tokens=64, seq_len=16, batch_size=2, progress=False, stream=stream)
+        with pytest.raises(DepthlabError, match=refusal):
+            prune_target(str(path), opts, tmp_path / f"out-{stream}")
+        assert not (tmp_path / f"out-{stream}").exists()
 
 
 @pytest.mark.filterwarnings("ignore:There is a performance drop")  # vmap over the experts: no batching rule, a loop
