@@ -10,6 +10,7 @@ so running a benchmark never changes a committed file; ``--out benchmarks/result
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -31,3 +32,32 @@ def result_path(name: str, out: str | Path | None = None) -> Path:
         path = Path(out if out is not None else default_dir()) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+OUT_HELP = "result folder or .json file (default outside the checkout; --out benchmarks/results updates the committed one)"
+
+
+def common_args(p: argparse.ArgumentParser, repeats: int | None = None) -> argparse.ArgumentParser:
+    """The flags every timing benchmark shares: ``--repeats`` (when given a default), ``--threads``, ``--out``."""
+    if repeats is not None:
+        p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--out", default=None, help=OUT_HELP)
+    return p
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """``torch.set_num_threads(args.threads)`` when ``--threads`` was given."""
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
+def save_report(report: dict, out: str | Path | None) -> None:
+    """Write ``report`` to the file ``out`` (atomically; nothing without ``--out``) and say where."""
+    if out:
+        from depthlab.base.fileio import write_json_atomic
+
+        write_json_atomic(Path(out), report)
+        print(f"wrote {out}")

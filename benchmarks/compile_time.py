@@ -25,6 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_out import save_report  # noqa: E402  (sibling module)
+
 CASE_CODE = r"""
 import glob, json, os, sys, time
 import torch
@@ -105,11 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"benchmark": "compile_time", "command": "python benchmarks/compile_time.py " + " ".join(argv or sys.argv[1:]),
               "device": args.device, "cpu": cpu_name(), "torch": torch.__version__,
               "python": platform.python_version(), "model_overrides": sets, "rows": rows}
-    if args.out:
-        from depthlab.base.fileio import write_json_atomic
-
-        write_json_atomic(Path(args.out), report)
-        print(f"wrote {args.out}")
+    save_report(report, args.out)
     return report
 
 

@@ -34,7 +34,7 @@ from depthlab.train.optim import build_optimizer
 from depthlab.train.step import Forward
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_out import result_path  # noqa: E402  (sibling module)
+from bench_out import apply_threads, common_args, result_path  # noqa: E402  (sibling module)
 
 #: (name, preset overrides, TrainConfig settings): the default tiny run, the issue's 6-step 24-block run, the demo.
 CASES = (
@@ -99,13 +99,8 @@ def shares(tc: TrainConfig, n_layers: int, med: dict[str, float]) -> dict[str, f
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
-                   "--out benchmarks/results updates the committed one)")
-    args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = common_args(p, repeats=5).parse_args()
+    apply_threads(args)
     load_before, cases = os.getloadavg(), []
     for name, overrides, settings in CASES:
         tc, n_layers, med = timings(overrides, settings, args.repeats)

@@ -43,7 +43,7 @@ from depthlab.hf import apply_layernorm_scaling
 from depthlab.hf.convert import hf_config_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_out import result_path  # noqa: E402  (sibling module)
+from bench_out import apply_threads, common_args, result_path  # noqa: E402  (sibling module)
 
 
 class Windows(torch.utils.data.Dataset):
@@ -119,13 +119,9 @@ def main() -> None:
     p.add_argument("--probe-rows", type=int, default=8)
     p.add_argument("--repeats", type=int, default=2, help="pairs of runs (without, with the monitor), alternating")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--tmp", type=Path, default=Path("/tmp/depthlab_monitor_overhead"))
-    p.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
-                   "--out benchmarks/results updates the committed one)")
-    a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    a = common_args(p).parse_args()
+    apply_threads(a)
     load_before = os.getloadavg()
     runs = []
     for r in range(a.repeats):

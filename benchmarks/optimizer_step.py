@@ -28,7 +28,7 @@ import torch
 import depthlab
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_out import result_path  # noqa: E402  (sibling module)
+from bench_out import apply_threads, common_args, result_path  # noqa: E402  (sibling module)
 
 
 def optimizers(params: list[torch.Tensor], grads: list[torch.Tensor], compiled: bool) -> tuple[dict, float | None]:
@@ -55,14 +55,9 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="tiny")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--compiled", action="store_true", help="also a compiled foreach step (minutes to compile on a CPU)")
-    p.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
-                   "--out benchmarks/results updates the committed one)")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = common_args(p, repeats=10).parse_args(argv)
+    apply_threads(args)
     device = torch.device(args.device)
     params = [q.detach().to(device) for q in depthlab.build_model(depthlab.from_preset(args.preset)).parameters()]
     gen = torch.Generator().manual_seed(0)

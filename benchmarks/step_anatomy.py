@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_out import save_report  # noqa: E402  (sibling module)
+
 
 def logits_buffers(code: str, numel: int) -> list[dict]:
     """Buffers of ``numel`` elements allocated in one generated graph (shape and dtype), and reuses named so."""
@@ -79,11 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{g['graph']}: {g['chars']:,} characters of code; B*T*V buffers: {g['logits_sized_buffers'] or 'none'}"
               f"{'; reuses a saved buffer in place' if g['reuses_a_saved_buffer_in_place'] else ''}")
     print(f"dynamo: {report['dynamo']}")
-    if args.out:
-        from depthlab.base.fileio import write_json_atomic
-
-        write_json_atomic(Path(args.out), report)
-        print(f"wrote {args.out}")
+    save_report(report, args.out)
     return report
 
 

@@ -36,19 +36,14 @@ from depthlab.train.optim import build_optimizer
 from depthlab.train.step import Forward
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_out import result_path  # noqa: E402  (sibling module)
+from bench_out import apply_threads, common_args, result_path  # noqa: E402  (sibling module)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="tiny")
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
-                   "--out benchmarks/results updates the committed one)")
-    args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = common_args(p, repeats=10).parse_args()
+    apply_threads(args)
     cfg = d.from_preset(args.preset, scheme="lns")
     tc = TrainConfig(data="builtin").resolve(cfg)
     B, T, P = tc.batch_size, tc.seq_len, tc.probe_batch_size
