@@ -102,6 +102,28 @@ def test_streamed_blocks_get_their_own_per_token_inputs(model_type, tmp_path_fac
     assert _max_diff(diagnose(str(path), DiagnoseOptions(**OPTS, stream=True)), in_memory) > 3 * TOL
 
 
+def test_per_token_inputs_are_computed_again_after_a_resume(tmp_path_factory):
+    """A sweep resumed after its embedding step has no kept per-token inputs: the layer call computes them again from
+    the ids, the same as the embedding step kept, and block 2's output is the same."""
+    from depthlab.targets.layerwise import open_layerwise
+
+    _, path = tiny("gemma4_text", tmp_path_factory)
+    src = open_layerwise(str(path)).source
+    ids = IDS[:, :8]
+    with src.embedding() as embed:
+        h = embed(ids)
+    kept = src.token_inputs(ids)[1]["per_layer_input"]
+    call = src.layer_calls(8)[1]
+    with src.layer(1) as layer:
+        want = call(layer, h.repeat(2, 1, 1), ids)  # two streams of the batch stacked
+    src._tokens.clear()
+    with src.layer(1) as layer:
+        got = call(layer, h.repeat(2, 1, 1), ids)
+    torch.testing.assert_close(src.token_inputs(ids)[1]["per_layer_input"], kept, rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got[:2], got[2:], rtol=0, atol=0)
+
+
 class _Skip(nn.Module):
     """A removed block, written naively: it hands its input on (as a tuple when the block returns one)."""
 
