@@ -5,7 +5,8 @@
 
 For each family: its tiny random model (``tiny_config``: width 32, vocabulary 300; here 8 layers) built with
 ``from_config`` and saved with ``save_pretrained`` into a temporary directory, then ``diagnose`` (angular distance of
-all pairs, variance, the removal sweep; no Jacobian) on ``--tokens`` built-in tokens, opened and run in memory
+all pairs, variance, the removal sweep; no Jacobian; no attention/MLP units and no logit lens unless ``--units``:
+the streamed engine measures neither) on ``--tokens`` built-in tokens, opened and run in memory
 (``diagnose(load_target(DIR))``) and streamed (``diagnose(DIR, stream=True)``), the two interleaved over ``--rounds``
 (the order alternating). Reports the median wall time of each, their ratio and the largest |Δ| between the two
 reports' numbers, in ``families_stream_cpu.json`` (bench_out.result_path: ``--out``) with the machine (CPU model
@@ -71,6 +72,10 @@ def save_tiny(model_type: str, root: Path, layers: int) -> Path:
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, num_hidden_layers=layers)).eval()
+    with torch.no_grad():  # DeepSeek-V4's hash-routing table starts at zeros (every token to expert 0): drawn, so the
+        for name, table in model.named_buffers():  # streamed engine's per-block ids matter as in a trained model
+            if name.endswith("tid2eid"):
+                table.copy_(torch.randint(0, model.config.n_routed_experts, table.shape))
     path = root / model_type
     model.save_pretrained(path)
     byte_tokenizer().save_pretrained(path)
@@ -82,7 +87,8 @@ def measure(path: Path, args: argparse.Namespace) -> dict:
     from depthlab.targets import load_target
 
     opts = dict(tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch_size, jacobian=False, joint_check=False,
-                progress=False)
+                sublayers=args.units, lens=args.units, progress=False)  # off: the work both engines do
+
     runs = {
         "in_memory": lambda: diagnose(load_target(str(path)), DiagnoseOptions(**opts)),
         "streamed": lambda: diagnose(str(path), DiagnoseOptions(**opts, stream=True)),
@@ -102,6 +108,7 @@ def measure(path: Path, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    from depthlab.base.fileio import write_json_atomic
     from depthlab.hf.architectures import FAMILIES, supporting
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,6 +119,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--units", action="store_true", help="each engine's default diagnose: in memory also measures the "
+                    "attention/MLP units and the logit lens, which the streamed engine does not")
     ap.add_argument("--out", default=None, help="folder or .json file (default: outside the checkout)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -127,7 +136,7 @@ def main() -> None:
               "settings": {k: v for k, v in vars(args).items() if k not in ("out", "families")},
               "load_average_before": load_before, "load_average_after": list(os.getloadavg()), "families": out}
     path = result_path("families_stream_cpu.json", args.out)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    write_json_atomic(path, record, indent=1)
     print(f"wrote {path}")
 
 

@@ -7,7 +7,10 @@ transformers' own ``AutoConfig.for_model`` + ``from_config`` and saved with ``sa
   forward written here), cached ``generate`` equals uncached, and every per-layer config fact is cut;
 - LayerNorm Scaling: the hooked model equals a naive one (each pre-norm wrapped by hand), and its fold equals both;
 - DepthMonitor finds the blocks with no ``layers=``;
-- a refused capability is one line naming why (Gemma 4 streaming, OLMo 2 LNS, DeepSeek-V4 streaming).
+- blocks that read per-token values (Gemma 4's per-layer embeddings, DeepSeek-V4's hash routing) get them in the
+  streamed engine: the equality above fails when they are replaced;
+- a refused capability is one line naming why (OLMo 2 LNS; Gemma 4 streaming with KV sharing, and pruning the
+  blocks whose keys and values later blocks reuse).
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ def tiny(model_type: str, tmp_path_factory) -> tuple[nn.Module, object]:
 
         torch.manual_seed(0)
         model = jitter_norms(AutoModelForCausalLM.from_config(tiny_config(model_type)).eval())
+        with torch.no_grad():  # DeepSeek-V4's hash routing table starts at zeros (every token to expert 0): drawn
+            for name, table in model.named_buffers():
+                if name.endswith("tid2eid"):
+                    table.copy_(torch.randint(0, model.config.n_routed_experts, table.shape))
         path = tmp_path_factory.mktemp(model_type)
         model.save_pretrained(path, max_shard_size="40KB")  # several shards: the streamed export cuts each
         byte_tokenizer().save_pretrained(path)
@@ -80,6 +87,41 @@ def test_streamed_diagnose_equals_in_memory(model_type, tmp_path_factory):
     in_memory = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS))
     assert in_memory["engine"]["name"] == "in-memory"
     assert _max_diff(streamed, in_memory) <= TOL
+
+
+@pytest.mark.parametrize("model_type", [t for t in STREAM if FAMILIES[t].token_args])
+def test_streamed_blocks_get_their_own_per_token_inputs(model_type, tmp_path_factory, monkeypatch):
+    """Each block's per-token arguments (Gemma 4: its slice of the per-layer embeddings; DeepSeek-V4: the ids its
+    hash router reads) are the batch's own: handing every block block 1's, or another batch's, breaks the equality."""
+    from depthlab.targets.layerwise import HFLayerSource
+
+    _, path = tiny(model_type, tmp_path_factory)
+    in_memory = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS))
+    own = HFLayerSource.token_inputs
+    monkeypatch.setattr(HFLayerSource, "token_inputs", lambda self, ids: [own(self, ids.roll(1, dims=1))[0]] * self.n_layers)
+    assert _max_diff(diagnose(str(path), DiagnoseOptions(**OPTS, stream=True)), in_memory) > 3 * TOL
+
+
+def test_per_token_inputs_are_computed_again_after_a_resume(tmp_path_factory):
+    """A sweep resumed after its embedding step has no kept per-token inputs: the layer call computes them again from
+    the ids, the same as the embedding step kept, and block 2's output is the same."""
+    from depthlab.targets.layerwise import open_layerwise
+
+    _, path = tiny("gemma4_text", tmp_path_factory)
+    src = open_layerwise(str(path)).source
+    ids = IDS[:, :8]
+    with src.embedding() as embed:
+        h = embed(ids)
+    kept = src.token_inputs(ids)[1]["per_layer_input"]
+    call = src.layer_calls(8)[1]
+    with src.layer(1) as layer:
+        want = call(layer, h.repeat(2, 1, 1), ids)  # two streams of the batch stacked
+    src._tokens.clear()
+    with src.layer(1) as layer:
+        got = call(layer, h.repeat(2, 1, 1), ids)
+    torch.testing.assert_close(src.token_inputs(ids)[1]["per_layer_input"], kept, rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got[:2], got[2:], rtol=0, atol=0)
 
 
 class _Skip(nn.Module):
@@ -190,13 +232,15 @@ def test_an_lns_checkpoint_pruned_shard_by_shard_folds_each_kept_blocks_scale(mo
     torch.testing.assert_close(got, _skipping(lns, 2), atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt2"])
-def test_prune_target_streamed_gives_the_in_memory_choice(model_type, tmp_path_factory, tmp_path):
-    """The whole streamed prune (survey, greedy sweeps, shard cut, check) on a MoE family and a tied GPT-2."""
+@pytest.mark.parametrize(("model_type", "which"), [("qwen3_moe", {"remove": 1}), ("gpt2", {"remove": 1}),
+                                                   ("deepseek_v4", {"remove": 1}), ("gemma4_text", {"blocks": [2]})])
+def test_prune_target_streamed_gives_the_in_memory_choice(model_type, which, tmp_path_factory, tmp_path):
+    """The whole streamed prune (survey, greedy sweeps, shard cut, check) on a MoE family, a tied GPT-2, DeepSeek-V4's
+    streams and Gemma 4's per-layer embeddings (a given block: its greedy choice, the last block, cannot go)."""
     from depthlab.prune import PruneOptions, prune_target
 
     _, path = tiny(model_type, tmp_path_factory)
-    opts = dict(method="removal", remove=1, data="builtin", tokens=64, seq_len=16, batch_size=2, progress=False,
+    opts = dict(method="removal", **which, data="builtin", tokens=64, seq_len=16, batch_size=2, progress=False,
                 latency_tokens=2)
     streamed = prune_target(str(path), PruneOptions(**opts, stream=True), tmp_path / "s")
     in_memory = prune_target(load_target(str(path)), PruneOptions(**opts), tmp_path / "m")
@@ -239,11 +283,111 @@ def test_monitor_finds_the_blocks_without_layers(model_type, tmp_path_factory):
 
 
 def test_refused_capabilities_say_why_in_one_line(tmp_path_factory):
-    _, gemma4 = tiny("gemma4_text", tmp_path_factory)
-    with pytest.raises(DepthlabError, match="per-layer embeddings") as err:
-        load_target(str(gemma4), stream=True)
-    assert "\n" not in str(err.value)
     with pytest.raises(DepthlabError, match="not a family it knows; supported: llama, mistral"):
         family_of("bert", "prune")
-    with pytest.raises(DepthlabError, match="hash-routed"):
-        family_of("deepseek_v4", "stream")
+    with pytest.raises(DepthlabError, match="no pre-norm"):
+        family_of("olmo2", "lns")
+
+
+def test_gemma4_pruned_keeps_each_blocks_per_layer_embeddings_and_config(tmp_path_factory, tmp_path):
+    """Block 2 of 4 removed: the per-layer embedding table and projection keep the other blocks' slices (in their
+    order), the full-attention block's per-layer head_dim moves with it, in memory and shard by shard."""
+    from transformers import AutoModelForCausalLM
+
+    model, path = tiny("gemma4_text", tmp_path_factory)
+    P, keep = model.config.hidden_size_per_layer_input, [0, 2, 3]
+    cols = torch.tensor([i * P + k for i in keep for k in range(P)])
+    write_hf(drop_layers(model, [2]), tmp_path / "memory")
+    write_pruned_shards(path, [2], tmp_path / "shards")
+    for out in ("memory", "shards"):
+        loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / out))
+        torch.testing.assert_close(loaded.model.embed_tokens_per_layer.weight,
+                                   model.model.embed_tokens_per_layer.weight[:, cols], rtol=0, atol=0)
+        torch.testing.assert_close(loaded.model.per_layer_model_projection.weight,
+                                   model.model.per_layer_model_projection.weight[cols], rtol=0, atol=0)
+        heads = [loaded.config.per_layer_config[i].head_dim for i in range(3)]
+        assert heads == [model.config.per_layer_config[i].head_dim for i in keep] and heads[-1] != heads[0]
+
+
+def _kv_shared(tmp_path):
+    """Gemma 4 whose blocks 3 and 4 reuse the keys and values of blocks 1 (sliding) and 2 (full attention)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = tiny_config("gemma4_text", num_kv_shared_layers=2,
+                         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+    model = jitter_norms(AutoModelForCausalLM.from_config(config).eval())
+    model.save_pretrained(tmp_path / "kv")
+    byte_tokenizer().save_pretrained(tmp_path / "kv")
+    return model, tmp_path / "kv"
+
+
+def test_gemma4_kv_sharing_refuses_what_it_cannot_express_and_prunes_the_rest(tmp_path):
+    model, path = _kv_shared(tmp_path)
+    with pytest.raises(DepthlabError, match=r"blocks 3\.\.4 reuse the keys and values") as err:
+        load_target(str(path), stream=True)
+    assert "\n" not in str(err.value)
+    for removed, named in (([1], r"blocks \[1\] cannot go"), ([2, 3], r"blocks \[2\] cannot go")):
+        with pytest.raises(DepthlabError, match=named):
+            drop_layers(model, removed)
+        with pytest.raises(DepthlabError, match=named):
+            write_pruned_shards(path, removed, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
+    write_hf(drop_layers(model, [3]), tmp_path / "memory")  # a block that reuses: it can go
+    _check_export(tmp_path / "memory", model, 3)
+    write_pruned_shards(path, [3], tmp_path / "shards")
+    _check_export(tmp_path / "shards", model, 3)
+
+
+def test_gemma4_last_block_must_stay_full_attention(tmp_path_factory, tmp_path, monkeypatch):
+    """Refused in one line naming the blocks, by the surgery and by prune_target before any pass over data."""
+    from depthlab.prune import PruneOptions, pipeline, prune_target
+    from depthlab.prune import streamed as streamed_prune
+
+    model, path = tiny("gemma4_text", tmp_path_factory)
+    refusal = r"blocks \[4\] cannot all go: block 3 \(sliding_attention\) would become the last"
+    with pytest.raises(DepthlabError, match=refusal):
+        drop_layers(model, [4])
+    for module in (pipeline, streamed_prune):
+        monkeypatch.setattr(module, "held_out_batches", lambda *a: pytest.fail("data read before the refusal"))
+    for stream in (False, True):
+        opts = PruneOptions(blocks=[4], data="builtin", tokens=64, seq_len=16, batch_size=2, progress=False, stream=stream)
+        with pytest.raises(DepthlabError, match=refusal):
+            prune_target(str(path), opts, tmp_path / f"out-{stream}")
+        assert not (tmp_path / f"out-{stream}").exists()
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # vmap over the experts: no batching rule, a loop
+def test_deepseek_v4_block_jacobian_is_the_whole_multi_stream_states(tmp_path_factory):
+    """The in-memory Jacobian path on DeepSeek-V4: block 2's Jacobian is that of its whole (n·D) state at token t, equal
+    to autograd's on the block called here as the model calls it (a pre-hook records its arguments: the hash router's
+    ids, masks, rotary tables), with the (n, D) state unflattened by hand; and diagnose --jacobian reports it."""
+    from depthlab.analysis.diagnostics.capture import ResidualCapture
+    from depthlab.analysis.diagnostics.jacobian import block_jacobians
+
+    model, path = tiny("deepseek_v4", tmp_path_factory)
+    ids, t, l = IDS[:1, :7], 6, 2
+    block = get_path(model, "model.layers")[l - 1]
+    seen = {}
+    hook = block.register_forward_pre_hook(lambda m, a, k: seen.update(a=a, k=k) and None, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+    finally:
+        hook.remove()
+    h0 = seen["a"][0] if seen["a"] else seen["k"]["hidden_states"]
+    kwargs = {k: v for k, v in seen["k"].items() if k != "hidden_states"}
+    n, d = h0.shape[2:]
+
+    def f(v):
+        h = h0.clone()
+        h[0, t] = v.view(n, d)
+        return block(h, *seen["a"][1:], **kwargs)[0, t].flatten()
+
+    ref = torch.autograd.functional.jacobian(f, h0[0, t].flatten())
+    cap = ResidualCapture(model, find_layers(model), lambda x: model(input_ids=x, use_cache=False).logits)
+    out = block_jacobians(cap, [ids[0]], [t], layers=[l], keep=[l])
+    assert ref.shape == (n * d, n * d)
+    torch.testing.assert_close(out["matrices"][l], ref, rtol=1e-4, atol=1e-5)
+    report = diagnose(load_target(str(path)), DiagnoseOptions(**{**OPTS, "jacobian": True}))
+    assert [math.isfinite(b["rel_dist_identity"]) for b in report["jacobian"]["per_layer"]] == [True] * 4

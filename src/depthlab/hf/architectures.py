@@ -53,6 +53,16 @@ class Family:
     index_lists: tuple[str, ...] = ()  # config fields listing 0-based layer indices: kept ones renumbered
     index_rules: tuple[str, ...] = ()  # names in INDEX_RULES: config integers that depend on layer positions
     refused: dict[str, str] = field(default_factory=dict)  # capability -> why it cannot be done (one line)
+    limits: tuple[str, ...] = ()  # names in CONFIG_LIMITS: what some configs of the family cannot do (one line each)
+    token_args: tuple[str, ...] = ()  # block-forward arguments holding per-token values the model computes before
+    #                                   block 1 (Gemma 4's per-layer embeddings, DeepSeek-V4's ids for hash routing)
+    row_args: tuple[str, ...] = ()  # block-forward keyword arguments recorded for one row that must have every row
+    #                                 (DeepSeek-V4's attention mask, concatenated with per-row compressor biases)
+    streams: str = ""  # config field: the number n of residual streams a block passes on as (B, T, n, D)
+    collapse: str = ""  # dotted path of the module that collapses the streams before the final norm
+    layer_slices: dict[str, str] = field(default_factory=dict)  # tensor key -> "dim:config_field": one slice of that
+    #                                   width per layer along that dim (Gemma 4's per-layer embedding table), cut too
+    layer_maps: tuple[str, ...] = ()  # config fields mapping a layer index to overrides (``per_layer_config``)
     convertible: bool = False  # depthlab.hf.from_hf turns it into a depthlab DecoderLM
     tiny: dict[str, Any] = field(default_factory=dict)  # config overrides of its smallest test model
 
@@ -67,6 +77,15 @@ def _count_below(name: str) -> Callable[[Any, Sequence[int], int], None]:
         k = getattr(config, name, None)
         if isinstance(k, int):
             setattr(config, name, sum(1 for i in keep if i < k))
+    return rule
+
+
+def _count_last(name: str) -> Callable[[Any, Sequence[int], int], None]:
+    """An integer meaning "the last k layers": becomes the number of kept layers among them."""
+    def rule(config: Any, keep: Sequence[int], n_layers: int) -> None:
+        k = getattr(config, name, None)
+        if isinstance(k, int):
+            setattr(config, name, sum(1 for i in keep if i >= n_layers - k))
     return rule
 
 
@@ -88,7 +107,63 @@ INDEX_RULES: dict[str, Callable[[Any, Sequence[int], int], None]] = {
     "max_window_layers": _count_below("max_window_layers"),  # Qwen2/3: layers below it attend fully
     "first_k_dense_replace": _count_below("first_k_dense_replace"),  # DeepSeek: the first k layers are dense
     "decoder_sparse_step": _sparse_step,
+    "num_kv_shared_layers": _count_last("num_kv_shared_layers"),  # Gemma 4: the last k layers reuse earlier K/V
 }
+
+# ---------------------------------------------------------------------------------------------- config limits
+def _get(config: Any, name: str, default: Any = None) -> Any:
+    """A config field, from a transformers config or config.json's dict."""
+    return config.get(name, default) if isinstance(config, dict) else getattr(config, name, default)
+
+
+def _kv_sharing(config: Any, capability: str, removed: Sequence[int]) -> str | None:
+    """Gemma 4's KV sharing: the last ``num_kv_shared_layers`` blocks reuse the keys and values of the last earlier
+    block of their attention type (its producer). Streaming does not carry them from block to block; pruning keeps
+    the function only while every producer with a kept consumer stays, and the last kept block is full attention
+    (transformers forces it)."""
+    n, shared = _get(config, "num_hidden_layers"), _get(config, "num_kv_shared_layers", 0) or 0
+    types = list(_get(config, "layer_types", None) or [])
+    if capability == "stream" and shared:
+        return (f"blocks {n - shared + 1}..{n} reuse the keys and values of earlier blocks (num_kv_shared_layers="
+                f"{shared}), which the layer-by-layer engine does not carry from block to block")
+    if capability != "prune" or len(types) != n:
+        return None
+    gone, first = set(removed), n - shared
+    keep = [i for i in range(n) if i + 1 not in gone]
+    if shared:
+        producers = {t: max(i for i in range(first) if types[i] == t) for t in set(types[first:])}
+        lost = sorted(p + 1 for t, p in producers.items() if p + 1 in gone
+                      and any(i >= first and types[i] == t for i in keep))
+        if lost:
+            return (f"blocks {lost} cannot go: blocks {first + 1}..{n} reuse their keys and values "
+                    f"(num_kv_shared_layers={shared}), and no config can point them elsewhere")
+    if keep and types[keep[-1]] != "full_attention":
+        return (f"blocks {sorted(gone)} cannot all go: block {keep[-1] + 1} ({types[keep[-1]]}) would become the last, "
+                "and Gemma 4's config forces its last block to full attention")
+    return None
+
+
+#: What each config limit means for a capability, as the README table's notes say it.
+LIMIT_NOTES: dict[str, dict[str, str]] = {"kv_sharing": {
+    "stream": "not with KV sharing (num_kv_shared_layers > 0: later blocks reuse the keys and values of earlier ones, "
+              "which the layer-by-layer engine does not carry); refused in one line",
+    "prune": "a block whose keys and values later blocks reuse (KV sharing) cannot go, nor blocks that would leave a "
+             "sliding-attention block last; refused in one line naming them, before the checkpoint is cut"}}
+#: What some configs of a family cannot do, by name: (config or config.json's dict, capability, removed 1-based
+#: blocks) -> one line saying why, or None.
+CONFIG_LIMITS: dict[str, Callable[[Any, str, Sequence[int]], str | None]] = {"kv_sharing": _kv_sharing}
+
+
+def check_config(config: Any, capability: str, removed: Sequence[int] = ()) -> None:
+    """A one-line DepthlabError when the family's :data:`CONFIG_LIMITS` refuse ``capability`` on this config (for
+    ``prune``: removing the 1-based blocks ``removed``)."""
+    fam = family_of(_get(config, "model_type"), capability)
+    for name in fam.limits:
+        why = CONFIG_LIMITS[name](config, capability, removed)
+        if why is not None:
+            what = "stream" if capability == "stream" else capability
+            raise DepthlabError(f"depthlab cannot {what} this {fam.name} model: {why}")
+
 
 # ---------------------------------------------------------------------------------------------- the registry
 _QWEN_WINDOW = ("max_window_layers",)
@@ -102,12 +177,12 @@ _FAMILIES: tuple[Family, ...] = (
     Family("qwen3_5_text", "Qwen3.5 (text)", "hybrid", norm_offset=1.0, tiny=_LINEAR),
     Family("gemma2", "Gemma 2", pre_norms=_SANDWICH, norm_offset=1.0),
     Family("gemma3_text", "Gemma 3 (text)", pre_norms=_SANDWICH, norm_offset=1.0),
-    Family("gemma4_text", "Gemma 4 (text)", pre_norms=_SANDWICH,
-           tiny={"vocab_size_per_layer_input": 300, "hidden_size_per_layer_input": 8, "global_head_dim": 8},
-           refused={"stream": "each Gemma 4 block also reads per-layer embeddings of the token ids, which the "
-                              "layer-by-layer engine does not carry",
-                    "prune": "Gemma 4's per-layer embedding table holds one slice per block; cutting it is not "
-                             "implemented"}),
+    Family("gemma4_text", "Gemma 4 (text)", pre_norms=_SANDWICH, limits=("kv_sharing",),
+           index_rules=("num_kv_shared_layers",), token_args=("per_layer_input",),
+           layer_slices={"model.embed_tokens_per_layer.weight": "1:hidden_size_per_layer_input",
+                         "model.per_layer_model_projection.weight": "0:hidden_size_per_layer_input"},
+           layer_maps=("per_layer_config",),
+           tiny={"vocab_size_per_layer_input": 300, "hidden_size_per_layer_input": 8, "global_head_dim": 16}),
     Family("olmo2", "OLMo 2", pre_norms=(),
            refused={"lns": _NO_PRE}),
     Family("olmo3", "OLMo 3", pre_norms=(),
@@ -135,10 +210,9 @@ _FAMILIES: tuple[Family, ...] = (
                  "interleave_moe_layer_step": 2}),
     Family("qwen3_next", "Qwen3-Next", "hybrid", norm_offset=1.0, index_lists=("mlp_only_layers",),
            index_rules=("decoder_sparse_step",), tiny={**_MOE4, **_LINEAR, "shared_expert_intermediate_size": 32}),
-    Family("deepseek_v4", "DeepSeek-V4", "multi-stream",
-           tiny={"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
-           refused={"stream": "DeepSeek-V4's hash-routed MoE layers read the token ids inside each block and its head "
-                              "collapses the mHC streams first, which the layer-by-layer engine does not carry yet"}),
+    Family("deepseek_v4", "DeepSeek-V4", "multi-stream", token_args=("input_ids",), row_args=("attention_mask",),
+           streams="hc_mult",
+           collapse="model.hc_head", tiny={"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
 )
 
 #: model_type -> its entry.
@@ -198,6 +272,7 @@ def cut_config(config: Any, keep: Sequence[int], n_layers: int) -> None:
     """``config`` rewritten in place for the model that keeps the 0-based layers ``keep`` of ``n_layers``: index
     rules first, then per-layer lists sliced, index lists renumbered, ``num_hidden_layers`` set."""
     fam = FAMILIES.get(getattr(config, "model_type", ""))
+    maps = {name: dict(config.to_dict().get(name) or {}) for name in (fam.layer_maps if fam else ())}
     rules = fam.index_rules if fam else ("max_window_layers",)
     for name in rules:
         INDEX_RULES[name](config, keep, n_layers)
@@ -211,6 +286,20 @@ def cut_config(config: Any, keep: Sequence[int], n_layers: int) -> None:
         if isinstance(values, (list, tuple)):
             setattr(config, name, [renumber[i] for i in values if i in renumber])
     config.num_hidden_layers = len(keep)
+    for name, overrides in maps.items():  # set after the layer count: transformers checks the indices against it
+        setattr(config, name, None)
+        setattr(config, name, {renumber[int(i)]: v for i, v in overrides.items() if int(i) in renumber})
+
+
+def layer_slice_index(fam: Family, key: str, config: Any, keep: Sequence[int]) -> tuple[int, list[int]] | None:
+    """For a tensor holding one slice per layer (``fam.layer_slices``): (its dim, the indices along it of the kept
+    layers' slices, in order); None for any other tensor. ``config`` is the original's."""
+    spec = fam.layer_slices.get(key)
+    if spec is None:
+        return None
+    dim, width_field = spec.split(":")
+    width = int(_get(config, width_field))
+    return int(dim), [i * width + k for i in keep for k in range(width)]
 
 
 def tiny_config(model_type: str, **overrides: Any) -> Any:
@@ -230,8 +319,11 @@ def family_table() -> str:
         cells = []
         for cap in CAPABILITIES:
             why = fam.why_not(cap)
-            if why is not None and why not in notes:
-                notes.append(why)
-            cells.append("yes" if why is None else f"no [{notes.index(why) + 1}]")
+            limits = [LIMIT_NOTES[name][cap] for name in fam.limits if cap in LIMIT_NOTES[name]]
+            for note in [why] if why is not None else limits:
+                if note not in notes:
+                    notes.append(note)
+            marks = " ".join(f"[{notes.index(note) + 1}]" for note in limits)
+            cells.append(f"no [{notes.index(why) + 1}]" if why is not None else f"yes {marks}".strip())
         rows.append(f"| {fam.name} | `{fam.model_type}` | {fam.kind} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n\n" + "\n".join(f"[{i}] {why}." for i, why in enumerate(notes, start=1))

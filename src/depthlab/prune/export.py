@@ -34,7 +34,15 @@ from torch import nn
 
 from depthlab.analysis.diagnostics.capture import find_layers
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.architectures import cut_config, family_of_model, split_path, supporting
+from depthlab.hf.architectures import (
+    check_config,
+    cut_config,
+    family_of_model,
+    get_path,
+    layer_slice_index,
+    split_path,
+    supporting,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +94,10 @@ def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False)
     from depthlab.hf.lns import fold_layernorm_scaling, is_layernorm_scaled
 
     check_prunable(model)
+    from depthlab.models.decoder import DecoderLM
+
+    if not isinstance(model, DecoderLM):
+        check_config(model.config, "prune", removed)  # blocks the family's config cannot lose, before any work
     if is_layernorm_scaled(model):
         model = fold_layernorm_scaling(model, inplace=inplace)  # each layer's own 1/sqrt(l), in its weights
         inplace = True
@@ -105,8 +117,26 @@ def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False)
             if hasattr(module, "layer_idx"):
                 module.layer_idx = new
     setattr(owner, attr, nn.ModuleList(layers[i] for i in keep))
+    _cut_layer_slices(model, keep)
     cut_config(model.config, keep, n)
     return model
+
+
+def _cut_layer_slices(model: nn.Module, keep: list[int]) -> None:
+    """Tensors holding one slice per layer (the family's ``layer_slices``: Gemma 4's per-layer embedding table and
+    projection) cut to the kept layers' slices, the module's sizes with them."""
+    fam = family_of_model(model, "prune")
+    for key in fam.layer_slices:
+        path, _, name = key.rpartition(".")
+        module = get_path(model, path)
+        dim, index = layer_slice_index(fam, key, model.config, keep)
+        weight = getattr(module, name)
+        setattr(module, name, nn.Parameter(weight.index_select(dim, torch.tensor(index, device=weight.device)),
+                                           requires_grad=weight.requires_grad))
+        if isinstance(module, nn.Embedding):
+            module.embedding_dim = module.weight.shape[1]
+        elif isinstance(module, nn.Linear):
+            module.out_features, module.in_features = module.weight.shape
 
 
 def hf_model_of(model: nn.Module) -> nn.Module:
@@ -201,9 +231,13 @@ def generation_latency(models: dict[str, nn.Module], prompt: torch.Tensor, new_t
 
 
 def cost(model: nn.Module, seq_len: int) -> dict[str, int]:
-    """Parameters and forward FLOPs per token at context ``seq_len``: 2 per weight of every linear
+    """Parameters (and stored buffers) and forward FLOPs per token at context ``seq_len``: 2 per weight of every linear
     layer (LM head included) + 2·T·(heads·head_dim) per layer for the causal attention scores and mixing."""
-    n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    stored = {id(p): p for p in model.parameters()}  # and the buffers a checkpoint stores (routing tables, biases):
+    for module in model.modules():                   # what the streamed engine counts from the checkpoint's index
+        stored.update({id(b): b for name, b in module._buffers.items()
+                       if b is not None and name not in module._non_persistent_buffers_set})
+    n_params = sum(t.numel() for t in stored.values())
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     layers = find_layers(model)
     attn = 0

@@ -45,11 +45,16 @@ from depthlab.targets.target import Target
 log = logging.getLogger(__name__)
 
 
-def check_options(opts: PruneOptions, n_layers: int | None = None) -> None:
+def check_options(opts: PruneOptions, n_layers: int | None = None, hf_config: Any = None) -> None:
     """Refuse a bad request before any computation (the CLI exits 2 with this one line): what needs no model
-    when ``n_layers`` is None (before loading it), then the block ranges once the model is loaded."""
+    when ``n_layers`` is None (before loading it), then the block ranges once the model is loaded, and given blocks
+    the HF model's config cannot lose (``hf_config``: Gemma 4's KV-sharing producers)."""
     opts.validate(n_layers)
     check_heal(opts.heal)
+    if hf_config is not None and opts.blocks and opts.unit == "block":
+        from depthlab.hf.architectures import check_config
+
+        check_config(hf_config, "prune", opts.blocks)
 
 
 def held_out_batches(target: Target, opts: PruneOptions):
@@ -121,7 +126,7 @@ def check_in_memory(target: Target, opts: PruneOptions, out: Path) -> int:
         raise DepthlabError(f"{target.name!r} is an encoder; depthlab prune needs a causal LM")
     check_prunable(target.model)
     n_layers = len(find_layers(target.model))
-    check_options(opts, n_layers)
+    check_options(opts, n_layers, target.model.config if target.kind == "hf-causal-lm" else None)
     return n_layers
 
 

@@ -26,7 +26,7 @@ import torch
 
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish
-from depthlab.hf.architectures import Family, cut_config, family_of
+from depthlab.hf.architectures import Family, check_config, cut_config, family_of, layer_slice_index
 from depthlab.targets.engine import gib
 from depthlab.targets.layerwise import INDEX_FILE, read_header, safetensors_files
 
@@ -66,18 +66,22 @@ def _folded(file: Path, name: str, scale: float, offset: float) -> bytes:
     return t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def _write_shard(src: Path, out: Path, keep: dict[str, str], folded: dict[str, bytes]) -> int:
-    """Copy the tensors ``keep`` (source name -> new name) of ``src`` into ``out``; returns the data bytes."""
+def _write_shard(src: Path, out: Path, keep: dict[str, str], folded: dict[str, bytes],
+                 shapes: dict[str, list[int]] | None = None) -> int:
+    """Copy the tensors ``keep`` (source name -> new name) of ``src`` into ``out``, those in ``folded`` (new name ->
+    bytes) replaced, of the shape ``shapes`` gives where it changes; returns the data bytes."""
     header = read_header(src)
+    shapes = shapes or {}
     with open(src, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
     base = 8 + n
     names = sorted(keep, key=lambda k: header[k]["data_offsets"][0])
     entries, offset = {}, 0
     for name in names:
-        size = header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
-        entries[keep[name]] = {"dtype": header[name]["dtype"], "shape": header[name]["shape"],
-                               "data_offsets": [offset, offset + size]}
+        new = keep[name]
+        size = len(folded[new]) if new in folded else header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
+        entries[new] = {"dtype": header[name]["dtype"], "shape": shapes.get(new, header[name]["shape"]),
+                        "data_offsets": [offset, offset + size]}
         offset += size
     meta = json.dumps({"__metadata__": {"format": "pt"}, **entries}, separators=(",", ":")).encode()
     meta += b" " * (-len(meta) % 8)  # aligned, as safetensors writes it
@@ -98,6 +102,15 @@ def _write_shard(src: Path, out: Path, keep: dict[str, str], folded: dict[str, b
                 fout.write(chunk)
                 left -= len(chunk)
     return offset
+
+
+def _sliced(file: Path, name: str, dim: int, index: list[int]) -> tuple[bytes, list[int]]:
+    """A tensor holding one slice per layer, cut to the kept layers' slices: (raw bytes in its dtype, its shape)."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), "pt") as f:
+        t = f.get_tensor(name).index_select(dim, torch.tensor(index)).contiguous()
+    return t.view(torch.uint8).numpy().tobytes(), list(t.shape)
 
 
 def module_keys(config: Any, keys: list[str]) -> dict[str, str]:
@@ -129,6 +142,7 @@ def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | No
     gone = set(removed)
     if sorted(b for b in gone if not 1 <= b <= n) or len(gone) >= n:
         raise DepthlabError(f"cannot remove blocks {sorted(gone)} from a model of {n} (1..{n}, keep at least one)")
+    check_config(config, "prune", removed)  # blocks the family's config cannot lose
     keep = [i for i in range(n) if i + 1 not in gone]
     lns = layernorm_scaling_marker(config) is not None
     if lns:
@@ -169,7 +183,11 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
     as_module = module_keys(config, [k for _, names in plans for k in names]) if lns else {}
     for k, (file, names) in enumerate(plans, start=1):
         shard = "model.safetensors" if single else f"model-{k:05d}-of-{len(plans):05d}.safetensors"
-        folded = {}
+        folded, shapes = {}, {}
+        for old_name, new_name in names.items():
+            cut = layer_slice_index(fam, old_name, config, keep)
+            if cut is not None:
+                folded[new_name], shapes[new_name] = _sliced(file, old_name, *cut)
         if lns:
             for old_name, new_name in names.items():
                 m = pattern.match(as_module[old_name])
@@ -177,7 +195,7 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
                     folded[new_name] = _folded(file, old_name, lns_scale(int(m.group(2)) + 1), fam.norm_offset)
         for old_name in zeroed.intersection(names):  # calloc'd: zero pages, not resident memory
             folded[names[old_name]] = bytes(_nbytes(read_header(file)[old_name]))
-        total += _write_shard(file, out / shard, names, folded)
+        total += _write_shard(file, out / shard, names, folded, shapes)
         weight_map.update(dict.fromkeys(names.values(), shard))
     if not single:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}

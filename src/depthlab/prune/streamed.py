@@ -153,7 +153,7 @@ def check_stream_target(target: StreamTarget, opts: PruneOptions, out: Path) -> 
         raise DepthlabError(f"--heal {opts.heal.mode} trains every weight with its optimizer state, and this model is "
                             "streamed: heal it with --heal lora (only the kept blocks are loaded, frozen in their "
                             "stored dtype), or use --no-stream")
-    check_options(opts, target.source.n_layers)
+    check_options(opts, target.source.n_layers, target.source.skeleton.config)
 
 
 def choose_streamed(measure: StreamedMeasure, opts: PruneOptions) -> tuple[Survey, Selection]:

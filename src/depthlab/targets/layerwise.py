@@ -6,7 +6,7 @@
     calls = src.layer_calls(T)                  # how the model calls each layer at length T (masks, rotary)
     for i in range(src.n_layers):
         with src.layer(i) as layer:             # layer i's tensors read, built into that layer alone
-            h = calls[i](layer, h)              # ... and released on exit
+            h = calls[i](layer, h, ids)         # ... and released on exit (ids: for blocks that read them)
     with src.head() as head:                    # final norm + LM head
         logits = head(h)
 
@@ -18,7 +18,11 @@ run's ``DecoderLM`` for a depthlab run. A module is *materialised* by loading it
 files (``load_state_dict(assign=True)``) and *released* by moving it back to ``meta``, so one layer's
 tensors are alive at a time. How each layer is called (attention masks, rotary tables, per-layer
 attention types) is recorded from the model's own forward run once per sequence length with stub
-layers that return their input: nothing of the model's mask or rotary code is re-implemented.
+layers that return their input: nothing of the model's mask or rotary code is re-implemented. A family whose blocks
+also read per-token values (``Family.token_args``: Gemma 4's per-layer embeddings, DeepSeek-V4's ids for hash
+routing) gets them from the same forward, run on the batch's ids in the embedding step; each block's call is handed
+its own (``calls[i](layer, h, ids)``). A multi-stream state (DeepSeek-V4's ``(B, T, n, D)``) is held as
+``(B, T, n·D)`` between blocks (``state_width``), as depthlab's ``mhc`` scheme holds its streams.
 
 :class:`WeightMeter` counts the bytes read, the reads of every tensor, and the bytes of weight tensors
 alive at once (weak references to their storages): what the tests assert and the benchmark reports.
@@ -27,6 +31,7 @@ alive at once (weak references to their storages): what the tests assert and the
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import weakref
@@ -153,30 +158,58 @@ class TensorStore:
 # ---------------------------------------------------------------------------------------------- layer calls
 @dataclass
 class Call:
-    """How the model called one layer: the arguments after the hidden states (masks, rotary tables)."""
+    """How the model called one layer: the arguments after the hidden states (masks, rotary tables). A family whose
+    blocks also read per-token values (``Family.token_args``) gets them from ``tokens(ids)`` for the batch's ids,
+    repeated over the streams its rows stack; a multi-stream block (``streams`` = (n, D)) is handed its (B, T, n, D)
+    state and returns it, both flattened to (B, T, n·D) outside."""
 
     args: tuple
     kwargs: dict
     hidden_is_kwarg: bool
+    streams: tuple[int, ...] = ()
+    token_slots: tuple[tuple[str, int | None], ...] = ()  # (argument, its index in ``args``; None: a keyword)
+    tokens: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None  # ids (B, T) -> those arguments
+    row_args: tuple[str, ...] = ()  # keyword arguments recorded for one row, expanded to the call's rows
 
-    def __call__(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
-        out = layer(*self.args, **{**self.kwargs, "hidden_states": h}) if self.hidden_is_kwarg \
-            else layer(h, *self.args, **self.kwargs)
-        return out[0] if isinstance(out, (tuple, list)) else out
+    def __call__(self, layer: nn.Module, h: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        args, kwargs = self.args, self.kwargs
+        if self.token_slots:
+            if ids is None or self.tokens is None:
+                raise DepthlabError("this model's blocks read the token ids; the layer call needs them")
+            values, rows = self.tokens(ids), h.shape[0] // ids.shape[0]
+            args, kwargs = list(args), dict(kwargs)
+            for name, pos in self.token_slots:
+                v = values[name].repeat(rows, *[1] * (values[name].dim() - 1))  # stream-major rows, as the caller stacks
+                if pos is None:
+                    kwargs[name] = v
+                else:
+                    args[pos] = v
+        for name in self.row_args:
+            v = kwargs.get(name)
+            if isinstance(v, torch.Tensor) and v.shape[0] == 1:
+                kwargs = {**kwargs, name: v.expand(h.shape[0], *v.shape[1:])}
+        if self.streams:
+            h = h.unflatten(-1, self.streams)
+        out = layer(*args, **{**kwargs, "hidden_states": h}) if self.hidden_is_kwarg else layer(h, *args, **kwargs)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        return out.flatten(2) if self.streams else out
 
 
 class _Stub(nn.Module):
-    """Stands in for a layer while the model's forward runs: records its call, returns its input."""
+    """Stands in for a layer while the model's forward runs: records its call (and with ``hidden``, its input),
+    returns its input."""
 
-    def __init__(self, calls: list[Call | None], i: int) -> None:
+    def __init__(self, calls: list[Call | None], i: int, hidden: list | None = None) -> None:
         super().__init__()
-        self.calls, self.i = calls, i
+        self.calls, self.i, self.hidden = calls, i, hidden
 
     def forward(self, *args, **kwargs):
         kw = not args or not isinstance(args[0], torch.Tensor)
         h = kwargs.get("hidden_states") if kw else args[0]
         rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
         self.calls[self.i] = Call(args if kw else args[1:], rest, kw)
+        if self.hidden is not None:
+            self.hidden.append(h)
         return h
 
 
@@ -201,6 +234,7 @@ class LayerSource:
     embed_modules: tuple[nn.Module, ...]  # applied in order to token ids
     head_modules: tuple[nn.Module, ...]  # final norm, LM head
     final_norm_attr: tuple[nn.Module, str]  # (owner, name) of the final norm, swapped out while recording calls
+    state_width: int  # width of the residual state between blocks as the engine holds it ((B, T, n·D) for n streams)
     check_finite: bool = False  # refuse NaN/inf weights as they are read (depthlab runs, as load_run does)
 
     def __init__(self, store: TensorStore, device: torch.device, dtype: torch.dtype, compute_dtype: torch.dtype,
@@ -315,13 +349,21 @@ class LayerSource:
         if seq_len not in self._calls:
             calls: list[Call | None] = [None] * self.n_layers
             stubs = nn.ModuleList(_Stub(calls, i) for i in range(self.n_layers))
-            norm_owner, norm_name = self.final_norm_attr
-            with _swapped(self.owner, {self.layers_attr: stubs}), _swapped(norm_owner, {norm_name: nn.Identity()}):
+            with _swapped(self.owner, {self.layers_attr: stubs}), self._after_layers_off():
                 self._record(seq_len)
             if any(c is None for c in calls):
                 raise DepthlabError("the model's forward did not call every layer; cannot stream it")
-            self._calls[seq_len] = calls  # type: ignore[assignment]
+            self._calls[seq_len] = [self._bind(i, c) for i, c in enumerate(calls)]  # type: ignore[arg-type]
         return self._calls[seq_len]
+
+    def _after_layers_off(self) -> contextlib.AbstractContextManager:
+        """What the model applies after its last block (the final norm) replaced by identities."""
+        owner, name = self.final_norm_attr
+        return _swapped(owner, {name: nn.Identity()})
+
+    def _bind(self, i: int, call: Call) -> Call:
+        """Layer ``i``'s recorded call, completed with what it needs beyond the recording (none here)."""
+        return call
 
     def _record(self, seq_len: int) -> None:
         raise NotImplementedError
@@ -340,15 +382,24 @@ class _StopAtFirst(nn.Module):
         raise _Reached(args[0] if args and isinstance(args[0], torch.Tensor) else kwargs["hidden_states"])
 
 
-class _Zeros(nn.Module):
-    """Stands in for a stored embedding table while the layer calls are recorded: zeros of its width."""
+class _ZerosOf(nn.Module):
+    """Stands in for a stored module (an embedding table, a projection) while the layer calls are recorded: zeros of
+    the shape it would return, found by running it on the meta device."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, module: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
-        self.width = width
+        self.module, self.dtype, self.device = module, dtype, device
 
-    def forward(self, ids: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        return torch.zeros(*ids.shape, self.width, device=ids.device)
+    def __getattr__(self, name: str) -> Any:  # the model may read the table's own attributes (its weight's device)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["module"], name)
+
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        meta = lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x  # noqa: E731
+        out = self.module(*(meta(a) for a in args), **{k: meta(v) for k, v in kwargs.items()})
+        return torch.zeros(out.shape, dtype=out.dtype if not out.is_floating_point() else self.dtype, device=self.device)
 
 
 class _Given(nn.Module):
@@ -419,19 +470,24 @@ class HFLayerSource(LayerSource):
         self.skeleton = model.eval()
         self.owner, self.layers_attr = split_path(model, self.family.layers)
         self.final_norm_attr = split_path(model, self.family.final_norm)
+        self.collapse_attr = split_path(model, self.family.collapse) if self.family.collapse else None
         self.base_attr = self.family.layers.split(".")[0]  # the LM's base model, under its head
         names = self._names()
         embed, head = model.get_input_embeddings(), model.get_output_embeddings()
         tied = {f"{names[id(head)]}.weight": f"{names[id(embed)]}.weight"}
         super().__init__(store, device, dtype, compute_dtype, tied)
         self.mapping, self.sources = _conversion(model, store)
-        norm = getattr(*self.final_norm_attr)
-        inner = [m for m in self.owner.children() if m is not self.layers and m is not norm]
+        after = [getattr(*a) for a in (self.collapse_attr, self.final_norm_attr) if a is not None]
+        inner = [m for m in self.owner.children() if m is not self.layers and all(m is not a for a in after)]
         for m in inner:
             if not m.state_dict():
                 self._fill_computed(m)  # rotary tables: small and computed, not stored; built once on the device
         self.embed_modules = tuple(m for m in inner if m.state_dict())
-        self.head_modules = (norm, head)
+        self.head_modules = (*after, head)
+        n = int(getattr(config, self.family.streams)) if self.family.streams else 1
+        self.streams = (n, config.hidden_size) if self.family.streams else ()
+        self.state_width = n * config.hidden_size
+        self._tokens: dict[tuple, list[dict[str, torch.Tensor]]] = {}  # per-token block inputs, by batch
 
     # ------------------------------------------------------------------ checkpoint keys
     def keys_of(self, module: nn.Module) -> list[str]:
@@ -482,33 +538,89 @@ class HFLayerSource(LayerSource):
     # ------------------------------------------------------------------ embedding, head, calls
     @contextlib.contextmanager
     def embedding(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
-        """Token ids (B, T) -> the input of block 1 (B, T, D), as the model's own forward computes it."""
+        """Token ids (B, T) -> the input of block 1 (B, T, D), as the model's own forward computes it; a family whose
+        blocks read per-token values (``Family.token_args``) keeps each block's, for its layer calls."""
+        self._tokens.clear()
+        with self._embedding() as embed:
+            yield embed
+
+    @contextlib.contextmanager
+    def _embedding(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         for m in self.embed_modules:
             self.materialise(m)
         try:
-            def embed(ids: torch.Tensor) -> torch.Tensor:
-                stops = nn.ModuleList([_StopAtFirst()])
-                with _swapped(self.owner, {self.layers_attr: stops}), torch.no_grad():
-                    try:
-                        self.owner(input_ids=ids, use_cache=False)
-                    except _Reached as reached:
-                        return reached.h
-                raise DepthlabError("the model's forward never called its first block; cannot stream it")
-            yield embed
+            yield self._embed_all if self.family.token_args else self._embed_first
         finally:
             for m in self.embed_modules:
                 self.release(m)
 
+    def _embed_first(self, ids: torch.Tensor) -> torch.Tensor:
+        """The model's forward up to block 1, stopped there."""
+        stops = nn.ModuleList([_StopAtFirst()])
+        with _swapped(self.owner, {self.layers_attr: stops}), torch.no_grad():
+            try:
+                self.owner(input_ids=ids, use_cache=False)
+            except _Reached as reached:
+                return reached.h.flatten(2) if self.streams else reached.h
+        raise DepthlabError("the model's forward never called its first block; cannot stream it")
+
+    def _embed_all(self, ids: torch.Tensor) -> torch.Tensor:
+        """The model's forward over stand-ins for every block: block 1's input, and each block's per-token
+        arguments kept (by the batch's ids) for :meth:`token_inputs`."""
+        calls: list[Call | None] = [None] * self.n_layers
+        hidden: list[torch.Tensor] = []
+        stubs = nn.ModuleList(_Stub(calls, i, hidden) for i in range(self.n_layers))
+        with _swapped(self.owner, {self.layers_attr: stubs}), self._after_layers_off(), torch.no_grad():
+            self.owner(input_ids=ids, use_cache=False)
+        if not hidden or any(c is None for c in calls):
+            raise DepthlabError("the model's forward did not call every layer; cannot stream it")
+        slots = self._token_slots(calls[0])
+        self._tokens[_ids_key(ids)] = [{name: (c.args[pos] if pos is not None else c.kwargs[name]) for name, pos in slots}
+                                       for c in calls]
+        return hidden[0].flatten(2) if self.streams else hidden[0]
+
+    def token_inputs(self, ids: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Each block's per-token arguments for a batch of ids (B, T): kept by the embedding step, or computed again
+        (a sweep resumed after its embedding step)."""
+        key = _ids_key(ids)
+        if key not in self._tokens:
+            with self._embedding() as embed:
+                embed(ids)
+        return self._tokens[key]
+
+    def _token_slots(self, call: Call) -> tuple[tuple[str, int | None], ...]:
+        """Where each of ``Family.token_args`` sits in a recorded ``call``: None when the model passes it by keyword,
+        else its index after the hidden states (from the block's signature)."""
+        params = list(inspect.signature(self.layers[0].forward).parameters)[1:]
+        return tuple((name, None if name in call.kwargs or name not in params else params.index(name))
+                     for name in self.family.token_args)
+
+    def _after_layers_off(self) -> contextlib.AbstractContextManager:
+        stack = contextlib.ExitStack()
+        for attr in (self.collapse_attr, self.final_norm_attr):
+            if attr is not None:
+                stack.enter_context(_swapped(attr[0], {attr[1]: nn.Identity()}))
+        return stack
+
+    def _bind(self, i: int, call: Call) -> Call:
+        slots = self._token_slots(call)
+        tokens = (lambda ids: self.token_inputs(ids)[i]) if slots else None
+        return Call(call.args, call.kwargs, call.hidden_is_kwarg, self.streams, slots, tokens, self.family.row_args)
+
     @contextlib.contextmanager
     def head(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
-        """Final norm, then the LM's own forward from there (LM head, soft-capping, logit scaling); released on exit."""
-        norm, lm_head = self.head_modules
+        """The streams collapsed (DeepSeek-V4), the final norm, then the LM's own forward from there (LM head,
+        soft-capping, logit scaling); released on exit."""
+        *after, lm_head = self.head_modules
         for m in self.head_modules:
             self.materialise(m)
         try:
             def head(h: torch.Tensor) -> torch.Tensor:
                 ids = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
-                with _swapped(self.skeleton, {self.base_attr: _Given(norm(h))}):
+                h = h.unflatten(-1, self.streams) if self.streams else h
+                for m in after:
+                    h = m(h)
+                with _swapped(self.skeleton, {self.base_attr: _Given(h)}):
                     return self.skeleton(input_ids=ids, use_cache=False).logits
             yield head
         finally:
@@ -516,12 +628,16 @@ class HFLayerSource(LayerSource):
                 self.release(m)
 
     def _record(self, seq_len: int) -> None:
-        D = self.skeleton.config.hidden_size
-        dummy = torch.zeros(1, seq_len, D, dtype=self.compute_dtype, device=self.device)
-        stored = {name: _Zeros(getattr(m, "embedding_dim", D)) for name, m in self.owner.named_children()
-                  if any(m is e for e in self.embed_modules)}  # position tables added to inputs_embeds: zeros
+        ids = torch.zeros(1, seq_len, dtype=torch.long, device=self.device)
+        stored = {name: _ZerosOf(m, self.compute_dtype, self.device) for name, m in self.owner.named_children()
+                  if any(m is e for e in self.embed_modules)}  # embedding tables (and projections): zeros of their shape
         with torch.no_grad(), _swapped(self.owner, stored):
-            self.owner(inputs_embeds=dummy, use_cache=False)
+            self.owner(input_ids=ids, use_cache=False)
+
+
+def _ids_key(ids: torch.Tensor) -> tuple:
+    """A batch of token ids as a dictionary key (its shape, device and values)."""
+    return (tuple(ids.shape), str(ids.device), hash(ids.cpu().numpy().tobytes()))
 
 
 class RunLayerSource(LayerSource):
@@ -539,6 +655,7 @@ class RunLayerSource(LayerSource):
         self.check_finite = True
         self.head_modules = (model.norm, model.lm_head)
         self.final_norm_attr = (model, "norm")
+        self.state_width = cfg.d_model
 
     def _record(self, seq_len: int) -> None:
         self.skeleton.run_blocks(torch.zeros(1, seq_len, self.skeleton.cfg.d_model, dtype=self.compute_dtype,
@@ -580,7 +697,7 @@ class Located:
 
 def locate(name: str) -> Located | str:
     """The streamable checkpoint ``name`` designates, or a sentence saying why it is not streamable."""
-    from depthlab.hf.architectures import family_of
+    from depthlab.hf.architectures import check_config, family_of
 
     path = Path(name).expanduser()
     if not path.is_dir():
@@ -596,6 +713,7 @@ def locate(name: str) -> Located | str:
     model_type = config.get("model_type") if isinstance(config, dict) else None
     try:
         family_of(model_type, "stream")
+        check_config(config, "stream")  # what this config of the family cannot do (Gemma 4's KV sharing)
     except DepthlabError as err:
         return first_line(err)
     files = safetensors_files(path)

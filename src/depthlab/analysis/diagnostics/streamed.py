@@ -344,7 +344,7 @@ class Sweeper:
         self.stats = SweepStats()
         self._taps = Taps()
         self.elem = torch.tensor([], dtype=self.source.compute_dtype).element_size()
-        self.d_model = int(target.info["d_model"])
+        self.d_model = int(self.source.state_width)  # the state between blocks: n·D for n residual streams
 
     # ------------------------------------------------------------------ planning
     def _budget(self) -> tuple[int | None, int]:
@@ -533,13 +533,14 @@ class Sweeper:
                     with zeroed(*(unit_modules([layer], u)[0] for u in units)):
                         for c in range(a, b, step):
                             d = min(b, c + step)
-                            out = call(layer, buf[c:d].reshape((d - c) * B, T, -1))
+                            out = call(layer, buf[c:d].reshape((d - c) * B, T, -1), batch.ids.to(self.target.device))
                             buf[c:d] = out.reshape(d - c, B, T, -1)
                             self.stats.block_evals += d - c
                             self.stats.token_evals += (d - c) * B * T
                             bar.update(d - c)
                 if tap is not None and kept[1][i]:
-                    tap(j, kept[0] + i, batch, layer, call, kept[1][i][-1], buf[0])
+                    ids = batch.ids.to(self.target.device)  # blocks that read the token ids get this batch's
+                    tap(j, kept[0] + i, batch, layer, lambda lay, h: call(lay, h, ids), kept[1][i][-1], buf[0])
                     bar.update(1)
         self.stats.layers_computed += 1
 
