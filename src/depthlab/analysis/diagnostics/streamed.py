@@ -540,7 +540,8 @@ class Sweeper:
                             bar.update(d - c)
                 if tap is not None and kept[1][i]:
                     ids = batch.ids.to(self.target.device)  # blocks that read the token ids get this batch's
-                    tap(j, kept[0] + i, batch, layer, lambda lay, h: call(lay, h, ids), kept[1][i][-1], buf[0])
+                    tap(j, kept[0] + i, batch, layer, lambda lay, h, c=call, t=ids: c(lay, h, t),
+                        kept[1][i][-1], buf[0])
                     bar.update(1)
         self.stats.layers_computed += 1
 
