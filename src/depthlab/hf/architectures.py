@@ -154,15 +154,25 @@ LIMIT_NOTES: dict[str, dict[str, str]] = {"kv_sharing": {
 CONFIG_LIMITS: dict[str, Callable[[Any, str, Sequence[int]], str | None]] = {"kv_sharing": _kv_sharing}
 
 
+def config_limit(config: Any, capability: str, removed: Sequence[int] = ()) -> str | None:
+    """Why the family's :data:`CONFIG_LIMITS` refuse ``capability`` on this config (for ``prune``: removing the 1-based
+    blocks ``removed``), or None: also for a model type the registry does not know (nothing to limit)."""
+    fam = FAMILIES.get(_get(config, "model_type") or "")
+    for name in fam.limits if fam is not None else ():
+        why = CONFIG_LIMITS[name](config, capability, removed)
+        if why is not None:
+            return why
+    return None
+
+
 def check_config(config: Any, capability: str, removed: Sequence[int] = ()) -> None:
     """A one-line DepthlabError when the family's :data:`CONFIG_LIMITS` refuse ``capability`` on this config (for
     ``prune``: removing the 1-based blocks ``removed``)."""
     fam = family_of(_get(config, "model_type"), capability)
-    for name in fam.limits:
-        why = CONFIG_LIMITS[name](config, capability, removed)
-        if why is not None:
-            what = "stream" if capability == "stream" else capability
-            raise DepthlabError(f"depthlab cannot {what} this {fam.name} model: {why}")
+    why = config_limit(config, capability, removed)
+    if why is not None:
+        what = "stream" if capability == "stream" else capability
+        raise DepthlabError(f"depthlab cannot {what} this {fam.name} model: {why}")
 
 
 # ---------------------------------------------------------------------------------------------- the registry
