@@ -82,7 +82,8 @@ def test_diagnose_reports_a_kv_producers_removal_as_not_measurable(kv_model, tmp
 
     model, path = kv_model
     with caplog.at_level(logging.WARNING, logger="depthlab.analysis.diagnostics.removal"):
-        report = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS, jacobian=False, joint_check=False))
+        report = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS, jacobian=False, joint_check=False,
+                                                                  mc="builtin-mc", mc_limit=4))
     removal = report["removal"]
     assert removal["delta_loss"][:2] == [None, None] and removal["loss"][:2] == [None, None]
     assert sorted(removal["unmeasurable"]) == ["1", "2"]
@@ -90,6 +91,7 @@ def test_diagnose_reports_a_kv_producers_removal_as_not_measurable(kv_model, tmp
     assert "sliding_attention" in removal["unmeasurable"]["1"] and "full_attention" in removal["unmeasurable"]["2"]
     assert len([r for r in caplog.records if "not measured" in r.getMessage()]) == 2  # one line per block
     assert set(report["removal"]["removable"]["blocks"]) <= {3, 4}
+    assert report["mc"]["delta_acc"][:2] == [None, None] and None not in report["mc"]["delta_acc"][2:]
 
     # blocks 3 and 4: the naive skip on the same held-out batches; block 3: the export without it, in transformers
     without_3 = write_hf(drop_layers(_copy(model), [3]), tmp_path / "no3")
