@@ -163,7 +163,7 @@ def test_a_request_the_config_cannot_meet_is_one_line_before_any_work(kv_model, 
 
     model, path = kv_model
     monkeypatch.setattr(pipeline, "held_out_batches", lambda *a: pytest.fail("data read before the refusal"))
-    for method, n in (("removal", 3), ("influence", 3), ("angular-block", 3)):
+    for method, n in (("angular-block", 3),):  # blocks 1..3 or 2..4: a producer or a sliding end
         with pytest.raises(DepthlabError, match=rf"--remove {n} --method {method}: .*at most 2") as err:
             prune_target(load_target(str(path)), PruneOptions(remove=n, method=method, **OPTS), tmp_path / method)
         assert "\n" not in str(err.value) and "blocks [1] cannot go" in str(err.value)
@@ -177,7 +177,7 @@ def test_a_request_the_config_cannot_meet_is_one_line_before_any_work(kv_model, 
 def test_the_selections_skip_what_the_limits_forbid(kv_model):
     model, _ = kv_model
     allowed = lambda blocks: config_limit(model.config, "prune", blocks)  # noqa: E731
-    assert most_removable(4, allowed) in ([1, 3], [3, 4])  # the largest sets this config can lose
+    assert most_removable(4, allowed) == [1, 3, 4]  # block 1 goes once its consumer 3 has: block 2 (full) ends it
     assert most_removable(4, None) == [1, 2, 3]
     angular = torch.full((5, 5), 0.5)
     angular[0, 2] = 0.01  # blocks 1-2 would be the best run: forbidden
@@ -185,8 +185,13 @@ def test_the_selections_skip_what_the_limits_forbid(kv_model):
     influence = [0.01, 0.02, 0.5, 0.4]  # 1 and 2 the lowest: 1 goes once its consumer 3 has gone; 4 cannot end it
     assert lowest_influence(influence, 2) == [1, 2] and lowest_influence(influence, 2, allowed) == [1, 3]
     check_removable("removal", 2, 4, allowed)
-    with pytest.raises(DepthlabError, match="at most 2 blocks"):
-        check_removable("influence", 3, 4, allowed)
+    check_removable("influence", 3, 4, allowed)
+    with pytest.raises(DepthlabError, match="at most 2 consecutive blocks"):
+        check_removable("angular-block", 3, 4, allowed)
+    last_two = lambda blocks: "the last two cannot go" if {3, 4} & set(blocks) else None  # noqa: E731
+    with pytest.raises(DepthlabError, match=r"--remove 3 --method removal: .*at most 2 blocks of 4 go together "
+                                            r"\(the last two cannot go\)"):
+        check_removable("removal", 3, 4, last_two)
 
 
 def test_both_engines_skip_a_last_block_gemma4_cannot_lose(tmp_path_factory, tmp_path):
@@ -208,3 +213,17 @@ def test_both_engines_skip_a_last_block_gemma4_cannot_lose(tmp_path_factory, tmp
     assert 4 not in in_memory["removed_blocks"] and config_limit(model.config, "prune", in_memory["removed_blocks"]) is None
     for report in (streamed, in_memory):  # block 4 was never a candidate
         assert all("4" not in step["candidates"] for step in report["selection"]["greedy_path"])
+
+
+@pytest.mark.parametrize("method", ["removal", "angular-block", "influence"])
+def test_a_budget_removes_only_what_the_config_can_lose(kv_model, tmp_path, method):
+    """A budget no loss reaches: each method stops at the most blocks it can choose among the allowed sets (blocks
+    1, 3 and 4 can go together: block 2, full attention, then ends the model and no block reuses block 1's keys)."""
+    from depthlab.prune import PruneOptions, prune_target
+
+    model, path = kv_model
+    report = prune_target(load_target(str(path)), PruneOptions(budget=1e3, method=method, **OPTS, latency_tokens=2),
+                          tmp_path / "out")
+    removed = report["removed_blocks"]
+    assert config_limit(model.config, "prune", removed) is None
+    assert removed == ([3, 4] if method == "angular-block" else [1, 3, 4])

@@ -73,14 +73,19 @@ def _ok(allowed: Allowed | None, blocks: Iterable[int]) -> bool:
 
 
 def most_removable(n_layers: int, allowed: Allowed | None) -> list[int]:
-    """A largest set of blocks that can go together, as far as two passes find it (each block in turn, first to
-    last and last to first, kept when the set stays allowed; at most L - 1)."""
+    """A largest set of blocks that can go together, as far as greedy passes find it (each block in turn, first to
+    last, then last to first, joining when the set stays allowed, in passes until one adds none: a KV producer can
+    go once its consumers have; at most L - 1)."""
     best: list[int] = []
     for order in (range(1, n_layers + 1), range(n_layers, 0, -1)):
         chosen: list[int] = []
-        for b in order:
-            if len(chosen) < n_layers - 1 and _ok(allowed, [*chosen, b]):
-                chosen.append(b)
+        grew = True
+        while grew:
+            grew = False
+            for b in order:
+                if len(chosen) < n_layers - 1 and b not in chosen and _ok(allowed, [*chosen, b]):
+                    chosen.append(b)
+                    grew = True
         best = max(best, sorted(chosen), key=len)
     return best
 
