@@ -5,8 +5,8 @@
 
 For each family: its tiny random model (``tiny_config``: width 32, vocabulary 300; here 8 layers) built with
 ``from_config`` and saved with ``save_pretrained`` into a temporary directory, then ``diagnose`` (angular distance of
-all pairs, variance, the removal sweep; no Jacobian; no attention/MLP units and no logit lens unless ``--units``:
-the streamed engine measures neither) on ``--tokens`` built-in tokens, opened and run in memory
+all pairs, variance, the removal sweep; no Jacobian; the attention/MLP units and the logit lens only with ``--units``,
+in both engines) on ``--tokens`` built-in tokens, opened and run in memory
 (``diagnose(load_target(DIR))``) and streamed (``diagnose(DIR, stream=True)``), the two interleaved over ``--rounds``
 (the order alternating). Reports the median wall time of each, their ratio and the largest |Δ| between the two
 reports' numbers, in ``families_stream_cpu.json`` (bench_out.result_path: ``--out``) with the machine (CPU model
@@ -87,7 +87,7 @@ def measure(path: Path, args: argparse.Namespace) -> dict:
     from depthlab.targets import load_target
 
     opts = dict(tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch_size, jacobian=False, joint_check=False,
-                sublayers=args.units, lens=args.units, progress=False)  # off: the work both engines do
+                sublayers=args.units, lens=args.units, progress=False)
 
     runs = {
         "in_memory": lambda: diagnose(load_target(str(path)), DiagnoseOptions(**opts)),
@@ -119,8 +119,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--units", action="store_true", help="each engine's default diagnose: in memory also measures the "
-                    "attention/MLP units and the logit lens, which the streamed engine does not")
+    ap.add_argument("--units", action="store_true", help="also the attention/MLP units and the logit lens (diagnose's "
+                    "default), in both engines")
     ap.add_argument("--out", default=None, help="folder or .json file (default: outside the checkout)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -177,14 +177,21 @@ def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, co
     """Prune ``target`` as ``opts`` says, reading it one layer at a time; write the HF checkpoint, ``prune.json``
     and ``report.html`` into ``out``, whole or not at all (a hidden sibling renamed once verified and reported;
     the sweeps' resume state lives beside it). Returns the report (:func:`depthlab.prune.prune_target`'s shape)."""
+    return run_held(_prune_streamed, target, opts, out, command, settings)
+
+
+def run_held(body, target: StreamTarget, opts: PruneOptions, out: str | Path, command: str | None,
+             settings: SweepSettings | None) -> dict[str, Any]:
+    """``body(target, opts, out, command, settings, t0)`` once the target and ``out`` are checked, holding ``out``'s
+    resume state (one writer of ``out`` at a time): the frame of every streamed prune."""
     from depthlab.analysis.diagnostics.streamed import hold_state
 
     t0, out = time.time(), Path(out)
     check_stream_target(target, opts, out)
     settings = settings or SweepSettings(progress=opts.progress)
     settings.state_dir = settings.state_dir or state_dir(out)
-    with hold_state(settings.state_dir, out):  # one writer of out and its resume state at a time
-        return _prune_streamed(target, opts, out, command, settings, t0)
+    with hold_state(settings.state_dir, out):
+        return body(target, opts, out, command, settings, t0)
 
 
 def _prune_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command: str | None, settings: SweepSettings,

@@ -34,7 +34,7 @@ import torch
 
 from depthlab.analysis.diagnostics.removal import nll_sum
 from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, SweepSettings, Taps
-from depthlab.analysis.diagnostics.streamed_runner import LossConsumer, state_dir
+from depthlab.analysis.diagnostics.streamed_runner import LossConsumer
 from depthlab.analysis.diagnostics.sublayers import SublayerAccumulator, check_sublayers
 from depthlab.base.errors import DepthlabError
 from depthlab.base.progress import logs_to_stderr
@@ -140,16 +140,10 @@ def prune_units_streamed(target: StreamTarget, opts: PruneOptions, out: str | Pa
     """Remove ``opts.unit`` sublayers of ``target``, reading it one layer at a time; write the checkpoint (zeroed
     projections), ``prune.json`` and ``report.html`` into ``out``, whole or not at all. Returns the report (the
     in-memory :func:`depthlab.prune.units.prune_units_in_memory`'s shape; no latency, no healing)."""
-    from depthlab.analysis.diagnostics.streamed import hold_state
-    from depthlab.prune.streamed import check_stream_target
+    from depthlab.prune.streamed import run_held
 
-    t0, out = time.time(), Path(out)
     check_units_streamed(target, opts)
-    check_stream_target(target, opts, out)
-    settings = settings or SweepSettings(progress=opts.progress)
-    settings.state_dir = settings.state_dir or state_dir(out)
-    with hold_state(settings.state_dir, out):  # one writer of out and its resume state at a time
-        return _prune_units(target, opts, out, command, settings, t0)
+    return run_held(_prune_units, target, opts, out, command, settings)
 
 
 def _prune_units(target: StreamTarget, opts: PruneOptions, out: Path, command: str | None, settings: SweepSettings,
