@@ -145,24 +145,37 @@ def _kv_sharing(config: Any, capability: str, removed: Sequence[int]) -> str | N
 
 #: What each config limit means for a capability, as the README table's notes say it.
 LIMIT_NOTES: dict[str, dict[str, str]] = {"kv_sharing": {
+    "diagnose": "with KV sharing, removing a block whose keys and values later blocks reuse has no defined output (no "
+                "pruned model computes it): its removal Δloss is reported as not measurable (null, with the reason)",
     "stream": "not with KV sharing (num_kv_shared_layers > 0: later blocks reuse the keys and values of earlier ones, "
               "which the layer-by-layer engine does not carry); refused in one line",
     "prune": "a block whose keys and values later blocks reuse (KV sharing) cannot go, nor blocks that would leave a "
-             "sliding-attention block last; refused in one line naming them, before the checkpoint is cut"}}
+             "sliding-attention block last: --remove / --budget choose among the others (every method, both engines), "
+             "and a request they cannot meet or --blocks naming them is refused in one line, before any work"}}
 #: What some configs of a family cannot do, by name: (config or config.json's dict, capability, removed 1-based
 #: blocks) -> one line saying why, or None.
 CONFIG_LIMITS: dict[str, Callable[[Any, str, Sequence[int]], str | None]] = {"kv_sharing": _kv_sharing}
+
+
+def config_limit(config: Any, capability: str, removed: Sequence[int] = ()) -> str | None:
+    """Why the family's :data:`CONFIG_LIMITS` refuse ``capability`` on this config (for ``prune``: removing the 1-based
+    blocks ``removed``), or None: also for a model type the registry does not know (nothing to limit)."""
+    fam = FAMILIES.get(_get(config, "model_type") or "")
+    for name in fam.limits if fam is not None else ():
+        why = CONFIG_LIMITS[name](config, capability, removed)
+        if why is not None:
+            return why
+    return None
 
 
 def check_config(config: Any, capability: str, removed: Sequence[int] = ()) -> None:
     """A one-line DepthlabError when the family's :data:`CONFIG_LIMITS` refuse ``capability`` on this config (for
     ``prune``: removing the 1-based blocks ``removed``)."""
     fam = family_of(_get(config, "model_type"), capability)
-    for name in fam.limits:
-        why = CONFIG_LIMITS[name](config, capability, removed)
-        if why is not None:
-            what = "stream" if capability == "stream" else capability
-            raise DepthlabError(f"depthlab cannot {what} this {fam.name} model: {why}")
+    why = config_limit(config, capability, removed)
+    if why is not None:
+        what = "stream" if capability == "stream" else capability
+        raise DepthlabError(f"depthlab cannot {what} this {fam.name} model: {why}")
 
 
 # ---------------------------------------------------------------------------------------------- the registry

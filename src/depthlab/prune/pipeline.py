@@ -37,7 +37,15 @@ from depthlab.prune.export import (
 )
 from depthlab.prune.heal import check_heal, heal
 from depthlab.prune.options import PruneOptions
-from depthlab.prune.select import Selection, Survey, check_blocks, select_blocks, survey_model
+from depthlab.prune.select import (
+    Selection,
+    Survey,
+    block_limits,
+    check_blocks,
+    check_removable,
+    select_blocks,
+    survey_model,
+)
 from depthlab.targets.engine import engine_record
 from depthlab.targets.layers import find_layers
 from depthlab.targets.target import Target
@@ -48,13 +56,21 @@ log = logging.getLogger(__name__)
 def check_options(opts: PruneOptions, n_layers: int | None = None, hf_config: Any = None) -> None:
     """Refuse a bad request before any computation (the CLI exits 2 with this one line): what needs no model
     when ``n_layers`` is None (before loading it), then the block ranges once the model is loaded, and given blocks
-    the HF model's config cannot lose (``hf_config``: Gemma 4's KV-sharing producers)."""
+    the HF model's config cannot lose (``hf_config``: Gemma 4's KV-sharing producers), or a ``--remove N`` that
+    config cannot meet."""
     opts.validate(n_layers)
     check_heal(opts.heal)
     if hf_config is not None and opts.blocks and opts.unit == "block":
         from depthlab.hf.architectures import check_config
 
         check_config(hf_config, "prune", opts.blocks)
+    if hf_config is not None and n_layers is not None and opts.remove is not None and opts.unit == "block":
+        check_removable(opts.method, opts.remove, n_layers, block_limits(hf_config))
+
+
+def hf_config_of(target: Target) -> Any:
+    """The HF config of an HF causal LM target (what its family's config limits read), else None."""
+    return target.model.config if target.kind == "hf-causal-lm" else None
 
 
 def held_out_batches(target: Target, opts: PruneOptions):
@@ -83,7 +99,7 @@ def choose(target: Target, opts: PruneOptions, batches) -> tuple[Survey, Selecti
     passes = n_seq * (opts.remove or cap.n_layers) if opts.method == "removal" else None
     with _bar(passes, f"choosing blocks ({opts.method})", opts.progress) as bar:
         sel = select_blocks(opts.method, cap, batches, before, remove=opts.remove, budget=opts.budget,
-                            on_batch=bar.update)
+                            on_batch=bar.update, allowed=block_limits(hf_config_of(target)))
     if not sel.removed:
         raise DepthlabError(f"no block can be removed within --budget {opts.budget:g} nats with method {opts.method} "
                             f"(held-out loss {before.loss:.4f}); raise the budget")
@@ -126,7 +142,7 @@ def check_in_memory(target: Target, opts: PruneOptions, out: Path) -> int:
         raise DepthlabError(f"{target.name!r} is an encoder; depthlab prune needs a causal LM")
     check_prunable(target.model)
     n_layers = len(find_layers(target.model))
-    check_options(opts, n_layers, target.model.config if target.kind == "hf-causal-lm" else None)
+    check_options(opts, n_layers, hf_config_of(target))
     return n_layers
 
 

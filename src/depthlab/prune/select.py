@@ -24,6 +24,11 @@ Methods and their sources:
   the number of tokens.
 - ``--blocks``: the user's own choice.
 
+Blocks a model's config cannot lose (``allowed``, from the family registry's config limits: Gemma 4 with KV sharing
+cannot lose a block whose keys and values later blocks reuse, nor leave a sliding-attention block last) are never
+candidates: every method picks only sets the export can write (:func:`block_limits`), and a request no such set
+meets is refused in one line before any pass over data (:func:`check_removable`).
+
 ``--budget NATS``: the most blocks whose joint removal keeps the held-out loss within NATS of the
 full model's (for ``removal`` the greedy path stops at the first step over budget; for the others the
 k-th choice is checked jointly, by galloping and bisection over k).
@@ -50,6 +55,61 @@ from depthlab.prune.options import check_blocks as _check_blocks
 log = logging.getLogger(__name__)
 
 Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
+#: Why the 1-based blocks given cannot go together (one line), or None when they can.
+Allowed = Callable[[Sequence[int]], "str | None"]
+
+
+def block_limits(config: Any) -> Allowed | None:
+    """What an HF model's config lets go (the family registry's config limits, as data), None for no config."""
+    if config is None:
+        return None
+    from depthlab.hf.architectures import config_limit
+
+    return lambda blocks: config_limit(config, "prune", sorted(blocks))
+
+
+def _ok(allowed: Allowed | None, blocks: Iterable[int]) -> bool:
+    return allowed is None or allowed(sorted(blocks)) is None
+
+
+def most_removable(n_layers: int, allowed: Allowed | None) -> list[int]:
+    """A largest set of blocks that can go together, as far as greedy passes find it (each block in turn, first to
+    last, then last to first, joining when the set stays allowed, in passes until one adds none: a KV producer can
+    go once its consumers have; at most L - 1)."""
+    best: list[int] = []
+    for order in (range(1, n_layers + 1), range(n_layers, 0, -1)):
+        chosen: list[int] = []
+        grew = True
+        while grew:
+            grew = False
+            for b in order:
+                if len(chosen) < n_layers - 1 and b not in chosen and _ok(allowed, [*chosen, b]):
+                    chosen.append(b)
+                    grew = True
+        best = max(best, sorted(chosen), key=len)
+    return best
+
+
+def _longest_run(n_layers: int, allowed: Allowed | None) -> int:
+    """The most consecutive blocks that can go together (angular-block removes a run)."""
+    return max((n for n in range(1, n_layers) for l in range(1, n_layers - n + 2)
+                if _ok(allowed, range(l, l + n))), default=0)
+
+
+def check_removable(method: str, remove: int | None, n_layers: int, allowed: Allowed | None) -> None:
+    """Before any pass over data: one line when this model's config cannot lose ``remove`` blocks chosen by
+    ``method`` (angular-block: that many consecutive ones), naming the blocks that cannot go and why."""
+    if allowed is None or remove is None:
+        return
+    most = _longest_run(n_layers, allowed) if method == "angular-block" else len(most_removable(n_layers, allowed))
+    if remove <= most:
+        return
+    alone = {b: allowed([b]) for b in range(1, n_layers + 1)}
+    why = "; ".join(dict.fromkeys(w for w in alone.values() if w is not None)) \
+        or allowed(range(n_layers - remove + 1, n_layers + 1))
+    what = "consecutive blocks" if method == "angular-block" else "blocks"
+    raise DepthlabError(f"--remove {remove} --method {method}: this model's config lets at most {most} {what} of "
+                        f"{n_layers} go together ({why}); ask for fewer, or choose --blocks")
 
 
 class InfluenceAccumulator:
@@ -103,19 +163,45 @@ def survey_model(cap: ResidualCapture, batches: Batches, on_batch: Callable[[int
     return Survey(total / count, count, angular.mean(), influence.result())
 
 
-def angular_block(angular: torch.Tensor, n: int) -> list[int]:
-    """Gromov et al.: blocks l..l+n-1 for the l minimising d(x^l, x^{l+n}); ``angular`` is (L+1, L+1)."""
+def angular_block(angular: torch.Tensor, n: int, allowed: Allowed | None = None) -> list[int]:
+    """Gromov et al.: blocks l..l+n-1 for the l minimising d(x^l, x^{l+n}); ``angular`` is (L+1, L+1). Only runs
+    ``allowed`` lets go together are candidates."""
     L = angular.shape[0] - 1
     if not 1 <= n < L:
         raise ValueError(f"n must lie in 1..{L - 1}, got {n}")
-    best = min(range(1, L - n + 2), key=lambda l: (float(angular[l - 1, l - 1 + n]), -l))
+    runs = [l for l in range(1, L - n + 2) if _ok(allowed, range(l, l + n))]
+    if not runs:
+        raise DepthlabError(f"no {n} consecutive blocks of this model can go together: "
+                            f"{allowed(range(L - n + 1, L + 1))}")  # type: ignore[misc]
+    best = min(runs, key=lambda l: (float(angular[l - 1, l - 1 + n]), -l))
     return list(range(best, best + n))
 
 
-def lowest_influence(influence: Sequence[float], n: int) -> list[int]:
-    """ShortGPT: the n blocks with the lowest Block Influence (ties: the deeper block)."""
+def lowest_influence(influence: Sequence[float], n: int, allowed: Allowed | None = None) -> list[int]:
+    """ShortGPT: the n blocks with the lowest Block Influence (ties: the deeper block); with ``allowed``, each block
+    in that order joins when the set stays allowed, in passes until n are chosen or a pass adds none (a block can
+    become removable once another has gone: a KV producer once its consumers have)."""
     order = sorted(range(1, len(influence) + 1), key=lambda l: (influence[l - 1], -l))
-    return sorted(order[:n])
+    chosen = _lowest(order, n, allowed)
+    if len(chosen) < n:
+        rest = [l for l in order if l not in chosen]
+        raise DepthlabError(f"only {len(chosen)} of the {n} lowest-influence blocks asked for can go together "
+                            f"({sorted(chosen)}; not {rest[:n - len(chosen)]}: the model's config)")
+    return sorted(chosen)
+
+
+def _lowest(order: Sequence[int], n: int, allowed: Allowed | None) -> list[int]:
+    """Up to ``n`` blocks of ``order`` (lowest influence first), each joining when the set stays allowed."""
+    chosen: list[int] = []
+    grew = True
+    while grew and len(chosen) < n:
+        grew = False
+        for l in order:
+            if len(chosen) < n and l not in chosen and _ok(allowed, [*chosen, l]):
+                chosen.append(l)
+                grew = True
+                break  # start again from the lowest: it may have become removable
+    return chosen
 
 
 @dataclass
@@ -148,10 +234,11 @@ GreedyLosses = Callable[[set[int], list[int]], dict[int, float]]  # (removed, ca
 
 def greedy_removal(cap: ResidualCapture, batches: Batches, n: int | None = None, budget: float | None = None,
                    base_loss: float | None = None, on_batch: Callable[[int], None] | None = None, *,
-                   losses_of: GreedyLosses | None = None) -> list[GreedyStep]:
+                   losses_of: GreedyLosses | None = None, allowed: Allowed | None = None) -> list[GreedyStep]:
     """SLEB-style greedy removal: ``n`` steps, or (with ``budget`` and ``base_loss``) as many as stay
     within ``budget`` nats of ``base_loss``. Returns the steps taken, in order. ``losses_of`` measures the
-    candidates another way (the streamed engine); ``cap`` then only gives ``n_layers``."""
+    candidates another way (the streamed engine); ``cap`` then only gives ``n_layers``. Only blocks ``allowed``
+    lets go with those removed so far are candidates; none left ends the path."""
     L = cap.n_layers
     steps: list[GreedyStep] = []
     removed: set[int] = set()
@@ -160,7 +247,11 @@ def greedy_removal(cap: ResidualCapture, batches: Batches, n: int | None = None,
         def losses_of(done: set[int], cands: list[int]) -> dict[int, float]:
             return _greedy_losses(cap, batches, done, cands, on_batch)
     while len(steps) < limit:
-        losses = losses_of(removed, [m for m in range(1, L + 1) if m not in removed])
+        cands = [m for m in range(1, L + 1) if m not in removed and _ok(allowed, removed | {m})]
+        if not cands:
+            log.info("greedy removal: no further block can go with blocks %s (the model's config)", sorted(removed))
+            break
+        losses = losses_of(removed, cands)
         block = min(losses, key=lambda m: (losses[m], -m))
         if budget is not None and losses[block] - base_loss > budget:
             break
@@ -217,26 +308,39 @@ def check_method(method: str) -> str:
 def select_blocks(method: str, cap: ResidualCapture, batches: Batches, survey: Survey, *, remove: int | None = None,
                   budget: float | None = None, on_batch: Callable[[int], None] | None = None,
                   joint_loss: Callable[[list[int]], float] | None = None,
-                  losses_of: GreedyLosses | None = None) -> Selection:
-    """The blocks ``method`` removes: ``remove`` of them, or the most within ``budget`` nats. ``joint_loss``
-    and ``losses_of`` measure another way than replaying ``cap`` over ``batches`` (the streamed engine)."""
+                  losses_of: GreedyLosses | None = None, allowed: Allowed | None = None) -> Selection:
+    """The blocks ``method`` removes: ``remove`` of them, or the most within ``budget`` nats, only among sets
+    ``allowed`` lets go (:func:`block_limits`). ``joint_loss`` and ``losses_of`` measure another way than replaying
+    ``cap`` over ``batches`` (the streamed engine)."""
     check_method(method)
     L = cap.n_layers
     if joint_loss is None:
         def joint_loss(blocks: list[int]) -> float:
             return joint_removal_loss(cap, batches, blocks)
     if method == "removal":
-        steps = greedy_removal(cap, batches, remove, budget, survey.loss, on_batch, losses_of=losses_of)
+        steps = greedy_removal(cap, batches, remove, budget, survey.loss, on_batch, losses_of=losses_of,
+                               allowed=allowed)
+        if remove is not None and len(steps) < remove:
+            raise DepthlabError(f"--remove {remove}: greedy removal found only {len(steps)} blocks this model's config "
+                                f"lets go together ({sorted(s.block for s in steps)})")
         path = [{"block": s.block, "loss": s.loss, "candidates": {str(k): v for k, v in s.candidates.items()}}
                 for s in steps]
         return Selection(method, sorted(s.block for s in steps), steps[-1].loss if steps else survey.loss,
                          {"greedy_path": path})
-    choose = (lambda k: angular_block(survey.angular, k)) if method == "angular-block" \
-        else (lambda k: lowest_influence(survey.influence, k))
+    choose = (lambda k: angular_block(survey.angular, k, allowed)) if method == "angular-block" \
+        else (lambda k: lowest_influence(survey.influence, k, allowed))
     details = {"influence": survey.influence} if method == "influence" else {}
     if remove is not None:
         removed = choose(remove)
         return Selection(method, removed, joint_loss(removed), details)
-    k, evaluated = largest_within_budget(choose, joint_loss, survey.loss, budget, L - 1)
+    most = L - 1 if allowed is None else _longest_run(L, allowed) if method == "angular-block" \
+        else _reachable(survey.influence, allowed)
+    k, evaluated = largest_within_budget(choose, joint_loss, survey.loss, budget, most)
     details["budget_evaluated"] = {str(i): v for i, v in sorted(evaluated.items())}
     return Selection(method, choose(k) if k else [], evaluated[k], details)
+
+
+def _reachable(influence: Sequence[float], allowed: Allowed | None) -> int:
+    """How many blocks :func:`lowest_influence` can pick under ``allowed``."""
+    order = sorted(range(1, len(influence) + 1), key=lambda l: (influence[l - 1], -l))
+    return len(_lowest(order, len(influence) - 1, allowed))

@@ -21,11 +21,20 @@ else itself: embeddings (a gather), the attention masks and rotary tables it bui
 layer, the remaining blocks, the final norm and the LM head (soft-capping etc. included). So the
 same code serves depthlab models and any Hugging Face decoder or encoder, with no re-implementation
 of masks or rotary embeddings that could drift from the model's own.
+
+State shared between blocks (Gemma 4's KV sharing): a block argument that is a mutable mapping (``shared_kv_states``)
+which a block writes and later blocks read. :meth:`ResidualCapture.run` keeps what each block wrote into it; replay
+writes it back for the blocks it does not recompute (the cached prefix), so a later block reads what it read in the
+full forward. A *removed* block writes nothing: when a block that still runs reads what it would have written
+(block 3 reusing the keys and values of a skipped block 1), the removal has no defined output — no pruned model
+computes it (``prune`` refuses to remove such a block) — and replay raises :class:`UnmeasurableRemoval` naming the
+block, which the removal sweep reports as not measurable (None) rather than a number.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -34,6 +43,22 @@ from torch import nn
 
 from depthlab.base.errors import DepthlabError
 from depthlab.targets.layers import find_layers
+
+
+class UnmeasurableRemoval(DepthlabError):
+    """Removing ``blocks`` leaves a later block without the shared state they write (Gemma 4: the keys and values a
+    KV-shared block reuses): the model without them is not defined, so their removal cannot be measured."""
+
+    def __init__(self, blocks: Sequence[int], what: Sequence[str]) -> None:
+        self.blocks = sorted(blocks)
+        super().__init__(f"block(s) {self.blocks} cannot be skipped: a later block reads the state they write "
+                         f"({', '.join(sorted(what))}; KV sharing), so no model without them computes these blocks' "
+                         "output")
+
+
+def _shared_maps(kwargs: dict) -> dict[str, MutableMapping]:
+    """The block arguments that are mutable mappings: state blocks pass each other (Gemma 4's ``shared_kv_states``)."""
+    return {k: v for k, v in kwargs.items() if isinstance(v, MutableMapping)}
 
 
 def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -82,6 +107,9 @@ class ResidualCapture:
     forward: Callable[[torch.Tensor], torch.Tensor | None]
     _tuple_out: list[int] = field(default_factory=list, repr=False)
     _streams: tuple[int, ...] = field(default=(), repr=False)  # (n, D) of a multi-stream state; () for (B, T, D)
+    _writes: list[dict[str, dict]] = field(default_factory=list, repr=False)  # block i: {argument: {key: value}} it wrote
+    _writes_of: Any = field(default=None, repr=False)  # states[0] of the run that wrote _writes
+    _writers: dict[int, set[str]] = field(default_factory=dict, repr=False)  # 1-based block -> "arg[key]" it writes
 
     @property
     def n_layers(self) -> int:
@@ -97,12 +125,15 @@ class ResidualCapture:
         calls: list[LayerCall | None] = [None] * L
         tuple_out = [0] * L
         handles = []
+        before: list[dict[str, tuple[MutableMapping, dict]]] = [{} for _ in range(L)]
+        writes: list[dict[str, dict]] = [{} for _ in range(L)]
 
         def pre(i: int):
             def hook(_m, args, kwargs):
                 if states[i] is not None:
                     raise DepthlabError(f"layer {i + 1} ran twice in one forward; cannot read its residual stream")
                 states[i] = _hidden_of(args, kwargs)
+                before[i] = {k: (m, dict(m)) for k, m in _shared_maps(kwargs).items()}
                 if keep_calls:
                     kw = args == () or not isinstance(args[0], torch.Tensor)
                     rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
@@ -112,6 +143,10 @@ class ResidualCapture:
         def post(i: int):
             def hook(_m, _args, _kwargs, out):
                 tuple_out[i] = len(out) if isinstance(out, (tuple, list)) else 0
+                for k, (m, old) in before[i].items():
+                    new = {key: v for key, v in m.items() if old.get(key) is not v}
+                    if new:
+                        writes[i][k] = new
                 if i == L - 1:
                     states[L] = _output_hidden(out)
             return hook
@@ -131,11 +166,39 @@ class ResidualCapture:
         if states[0].dim() == 4:  # (B, T, n, D): measured as the whole n-stream state
             self._streams = tuple(states[0].shape[2:])
             states = [st.flatten(2) for st in states]
+        self._remember_writes(writes, states[0])
         if keep_calls:
             for c, n in zip(calls, tuple_out):
                 c.tuple_out, c.streams = n, self._streams
             return out, states, calls  # type: ignore[return-value]
         return out, states  # type: ignore[return-value]
+
+    def _remember_writes(self, writes: list[dict[str, dict]], first_state: torch.Tensor) -> None:
+        """Keep what each block wrote into shared state in the last run (for replay) and which blocks write at all."""
+        self._writes, self._writes_of = writes, first_state
+        for i, w in enumerate(writes):
+            if w:
+                self._writers.setdefault(i + 1, set()).update(f"{k}[{key!r}]" for k, m in w.items() for key in m)
+
+    def _replayed_writes(self, states: Sequence[torch.Tensor], i: int) -> dict[str, dict]:
+        """What block ``i`` (1-based, not recomputed) wrote into shared state when ``states`` were captured."""
+        w = self._writes[i - 1] if len(self._writes) >= i else {}
+        if w and states[0] is not self._writes_of:
+            raise RuntimeError("replaying states of an earlier run: the blocks' shared state (KV sharing) is kept "
+                               "for the last run() only")
+        return w
+
+    @contextlib.contextmanager
+    def _unmeasurable(self, removed: Iterable[int]) -> Iterator[None]:
+        """A later block failing to find the shared state a removed block writes -> :class:`UnmeasurableRemoval`."""
+        lost = {b: self._writers[b] for b in removed if b in self._writers}
+        try:
+            yield
+        except KeyError as err:
+            keys = {w for ws in lost.values() for w in ws}
+            if lost and err.args and any(w.endswith(f"[{err.args[0]!r}]") for w in keys):
+                raise UnmeasurableRemoval(list(lost), keys) from None
+            raise
 
     # ------------------------------------------------------------------ replay
     @contextlib.contextmanager
@@ -156,14 +219,18 @@ class ResidualCapture:
             skip, first = list(range(1, self.n_layers + 1)), self.n_layers
             states = [*states[:-2], states[-1]]  # block L "receives" x^{L+1} and passes it on
         bypass = set(range(1, first)) | set(skip)
+        runs = states is not None and any(j not in bypass for j in range(first, self.n_layers + 1))
         saved: dict[int, Any] = {}
 
         def make(i: int):  # i: 1-based block
             n_out, emit = self._tuple_out[i - 1], states[first - 1] if (i == 1 and first > 1) else None  # type: ignore[index]
             if emit is not None and self._streams and emit.dim() == 3:
                 emit = emit.unflatten(-1, self._streams)
+            wrote = self._replayed_writes(states, i) if (runs and i < first) else {}  # type: ignore[arg-type]
 
             def forward(*args, **kwargs):
+                for k, w in wrote.items():  # the cached block's writes to shared state, as in the captured run
+                    kwargs[k].update(w)
                 h = emit if emit is not None else _hidden_of(args, kwargs)
                 return (h,) + (None,) * (n_out - 1) if n_out else h
             return forward
@@ -173,7 +240,8 @@ class ResidualCapture:
                 layer = self.layers[i - 1]
                 saved[i] = layer.__dict__.get("forward")  # an instance-level forward (e.g. accelerate) to restore
                 layer.forward = make(i)
-            yield
+            with self._unmeasurable(b for b in skip if b >= first):
+                yield
         finally:
             for i, old in saved.items():
                 layer = self.layers[i - 1]

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from depthlab.analysis.diagnostics.capture import ResidualCapture
+from depthlab.analysis.diagnostics.capture import ResidualCapture, UnmeasurableRemoval
 
 
 @dataclass
@@ -71,6 +71,7 @@ class MCAccumulator:
         self.scores = torch.full((n_layers + 1, len(items), max(len(it.choices) for it in items)), -math.inf,
                                  dtype=torch.float64)  # [0] full model, [l] block l removed
         self.nchars = torch.ones(len(items), self.scores.shape[-1], dtype=torch.float64)
+        self.unmeasurable: set[int] = set()  # blocks whose removal has no defined output (KV sharing): None below
 
     @torch.no_grad()
     def run(self, capture: ResidualCapture, encode: Callable[[str], list[int]], batch_size: int, device: torch.device,
@@ -81,8 +82,11 @@ class MCAccumulator:
             logits, states = capture.run(ids)
             self.score(0, chunk, ids, logits)
             if removal:
-                for l in range(1, self.n_layers + 1):
-                    self.score(l, chunk, ids, capture.run_skipping(ids, states, {l}))
+                for l in sorted(set(range(1, self.n_layers + 1)) - self.unmeasurable):
+                    try:
+                        self.score(l, chunk, ids, capture.run_skipping(ids, states, {l}))
+                    except UnmeasurableRemoval:
+                        self.unmeasurable.add(l)
             if progress is not None:
                 progress(len(chunk))
 
@@ -114,11 +118,14 @@ class MCAccumulator:
         gold = torch.tensor([it.answer for it in self.items])
         acc = (self.scores.argmax(-1) == gold).double().mean(-1)
         acc_norm = ((self.scores / self.nchars).argmax(-1) == gold).double().mean(-1)
+        def rows(x: torch.Tensor) -> list[float | None]:  # block l removed; None where not measurable
+            return [None if l in self.unmeasurable else float(v) for l, v in enumerate(x.tolist(), start=1)]
+
         return {
             "items": len(self.items),
             "acc": float(acc[0]),
             "acc_norm": float(acc_norm[0]),
-            "removed_acc": acc[1:].tolist(),
-            "removed_acc_norm": acc_norm[1:].tolist(),
-            "delta_acc": (acc[1:] - acc[0]).tolist(),
+            "removed_acc": rows(acc[1:]),
+            "removed_acc_norm": rows(acc_norm[1:]),
+            "delta_acc": rows(acc[1:] - acc[0]),
         }

@@ -4,19 +4,26 @@ Per batch, the full pass caches every block's input (:class:`~depthlab.analysis.
 removing block l then reuses the cached x^l and runs only blocks l+1..L and the head. A full sweep
 costs sum_l (L - l) block evaluations + L heads instead of L * (L - 1) + L (delete and re-run).
 Multiple-choice accuracy with blocks removed lives in :mod:`depthlab.analysis.diagnostics.mc`.
+
+A block whose removal has no defined output (Gemma 4 with KV sharing: a later block reuses the keys and values it
+computes, so no model without it exists and ``prune`` refuses to remove it) is *not measurable*: its ``loss``,
+``ppl`` and ``delta_loss`` are None, ``unmeasurable`` says why (block -> reason), and one log line names it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from depthlab.analysis.diagnostics.capture import ResidualCapture
+from depthlab.analysis.diagnostics.capture import ResidualCapture, UnmeasurableRemoval
 from depthlab.base.metrics import perplexity
 from depthlab.data.batches import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
 
 
 def nll_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
@@ -41,6 +48,7 @@ class RemovalAccumulator:
         self.removed = [0.0] * n_layers
         self.count = 0
         self.correct: list[int] | None = None  # classifiers ((B, C) logits): top-1 hits, full model, then block l out
+        self.unmeasurable: dict[int, str] = {}  # block -> why its removal has no defined output (KV sharing)
 
     @torch.no_grad()
     def update(self, capture: ResidualCapture, input_ids: torch.Tensor, labels: torch.Tensor,
@@ -52,7 +60,11 @@ class RemovalAccumulator:
             self.correct = self.correct or [0] * (self.n_layers + 1)
             self.correct[0] += top1_hits(logits, labels)
         for l in range(1, self.n_layers + 1):
-            out = capture.run_skipping(input_ids, states, {l})
+            out = self._skipping(capture, input_ids, states, l)
+            if out is None:
+                if on_layer is not None:
+                    on_layer()
+                continue
             self.removed[l - 1] += nll_sum(out, labels)[0]
             if self.correct is not None:
                 self.correct[l] += top1_hits(out, labels)
@@ -60,20 +72,35 @@ class RemovalAccumulator:
             if on_layer is not None:
                 on_layer()
 
+    def _skipping(self, capture: ResidualCapture, input_ids: torch.Tensor, states: Sequence[torch.Tensor], l: int
+                  ) -> torch.Tensor | None:
+        """The output without block l, or None (logged once) when that removal is not measurable."""
+        if l in self.unmeasurable:
+            return None
+        try:
+            return capture.run_skipping(input_ids, states, {l})
+        except UnmeasurableRemoval as err:
+            self.unmeasurable[l] = str(err)
+            log.warning("removal of block %d not measured: %s", l, err)
+            return None
+
     def result(self) -> dict[str, Any]:
         if self.count == 0:
             raise ValueError("no tokens were added")
         base = self.base / self.count
-        loss = [s / self.count for s in self.removed]
-        return {
+        loss = [None if l in self.unmeasurable else s / self.count for l, s in enumerate(self.removed, start=1)]
+        out = {
             "base_loss": base,
             "base_ppl": perplexity(base),
-            "loss": loss,  # block l removed, l = 1..L
-            "ppl": [perplexity(x) for x in loss],
-            "delta_loss": [x - base for x in loss],
+            "loss": loss,  # block l removed, l = 1..L (None: not measurable, see "unmeasurable")
+            "ppl": [None if x is None else perplexity(x) for x in loss],
+            "delta_loss": [None if x is None else x - base for x in loss],
             "tokens": self.count,
             **self._accuracy(),
         }
+        if self.unmeasurable:
+            out["unmeasurable"] = {str(l): why for l, why in sorted(self.unmeasurable.items())}
+        return out
 
     def _accuracy(self) -> dict[str, Any]:
         """Top-1 accuracy with each block removed, for classifiers (empty for LMs)."""

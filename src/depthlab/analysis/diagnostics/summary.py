@@ -27,9 +27,10 @@ def removable_blocks(removal: dict[str, Any], budget: float,
     keeps the loss within ``budget`` nats of the full model. With ``joint_loss`` (loss with a set of
     blocks removed together) k is found by galloping + bisection on the real joint loss (about
     2 log2 k passes, one when no block fits);
-    without it, the single-removal increases are summed (an estimate)."""
+    without it, the single-removal increases are summed (an estimate). Blocks whose removal was not measurable
+    (None: KV sharing) are never counted removable."""
     base, delta = removal["base_loss"], removal["delta_loss"]
-    order = [l for _, l in sorted((d, l) for l, d in enumerate(delta, start=1))]
+    order = [l for _, l in sorted((d, l) for l, d in enumerate(delta, start=1) if d is not None)]
     if joint_loss is None:
         k, acc = 0, 0.0
         for l in order:
@@ -46,7 +47,7 @@ def removable_blocks(removal: dict[str, Any], budget: float,
         return cache[k]
 
     # gallop up from k = 1 (one pass when nothing fits), then bisect; never remove every block
-    top = len(order) - 1
+    top = min(len(order), len(delta) - 1)
     lo, step = 0, 1
     while lo < top and loss(min(lo + step, top)) - base <= budget:
         lo = min(lo + step, top)
@@ -80,7 +81,9 @@ def summary_sentence(report: dict[str, Any], identity_threshold: float, budget: 
     how = "removed together" if rem["checked"] else "estimated from single removals"
     if rem["k"] == 0:
         d = report["removal"]["delta_loss"]
-        cheapest = min(range(L), key=lambda i: d[i])
+        cheapest = min((i for i in range(L) if d[i] is not None), key=lambda i: d[i], default=None)
+        if cheapest is None:
+            return f"{first}; no block's removal could be measured."
         second = (f"no block can be removed within a {budget:g}-nat loss budget (the cheapest, block {cheapest + 1}, "
                   f"costs {d[cheapest]:+.3f} nats)")
     else:
