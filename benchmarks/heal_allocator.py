@@ -1,12 +1,12 @@
 """What returning freed memory costs and saves: SmolLM2-135M LoRA heal steps with glibc's default malloc against
-the mmap threshold fixed at 1 MiB (``depthlab.base.memory.return_freed_memory``, which ``heal`` calls).
+the mmap threshold fixed at 1 MiB while healing (``HealOptions.return_memory``, the default).
 
     python benchmarks/heal_allocator.py --rounds 2 --out benchmarks/results   # the committed result
 
 Each measurement is a fresh child process: SmolLM2 loaded in bf16 (as ``prune --heal lora`` loads it), 6 blocks
 removed, then ``--steps`` LoRA healing steps of ``--batch-size`` x 256 tokens with activation checkpointing on (the
-default for this model), in one mode: ``fixed`` (what ``heal`` does) or ``default`` (``return_freed_memory``
-replaced by a no-op: glibc raising its threshold as it does by default). The child reports the wall time of each
+default for this model), in one mode: ``fixed`` (what ``heal`` does by default) or ``default``
+(``--no-heal-return-memory``: glibc raising its threshold as it does by default). The child reports the wall time of each
 step and its peak RSS (``VmHWM``) before and after healing; the modes alternate over ``--rounds``. Result:
 ``heal_allocator_cpu.json`` with the CPU (``lscpu``), versions and load averages.
 """
@@ -36,14 +36,11 @@ def _hwm() -> int:
 def child(mode: str, steps: int, batch_size: int) -> dict:
     import torch
 
-    import depthlab.base.memory as memory
     import depthlab.prune.heal as H
     from depthlab.prune.options import HealOptions
     from depthlab.prune.pipeline import prune_model
     from depthlab.targets import load_target
 
-    if mode == "default":
-        memory.return_freed_memory = lambda *a, **k: False  # heal imports it from the module at call time
     target = load_target("smollm2", dtype=torch.bfloat16)
     model = prune_model(target.model, REMOVED)
     before, times, step = _hwm(), [], H._heal_step
@@ -56,7 +53,7 @@ def child(mode: str, steps: int, batch_size: int) -> dict:
 
     H._heal_step = timed
     _, info = H.heal(model, target.tokenizer, HealOptions(steps=steps, mode="lora", batch_size=batch_size, seq_len=256,
-                                                          progress=False))
+                                                          return_memory=mode == "fixed", progress=False))
     return {"mode": mode, "step_s": times, "peak_rss_before_heal": before, "peak_rss": _hwm(),
             "checkpointing": info["activation_checkpointing"], "train_loss": info["train_loss"]}
 

@@ -54,7 +54,7 @@ def field_docs(cls: type) -> dict[str, tuple[str, str]]:
             group = heading.group(1).strip()
             continue
         m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)\s*:[^=#]*(?:=[^#]*)?#\s*(.*)", stripped)
-        if m and not stripped.startswith(("def ", "@", "return")):
+        if m and not stripped.startswith(("def ", "@", "return ")):
             out[m.group(1)] = (m.group(2).strip(), group)
     return out
 

@@ -26,6 +26,7 @@ class HealOptions:
     lora_rank: int = 16  # rank of the LoRA adapters
     seed: int = 0  # data order and adapter init
     checkpoint: bool | None = None  # recompute activations in the backward (default: if they outweigh weights or 1/4 free memory)
+    return_memory: bool = True  # give freed activations back to the system (glibc): ~2.5x less peak, ~1.5x step time
     progress: bool = True  # a progress bar
 
     def validate(self) -> None:
