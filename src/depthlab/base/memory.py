@@ -10,8 +10,8 @@ activations of 1-30 MiB and frees them in the backward, so after the first step 
 whose freed pages glibc keeps, and each step fragments the heap further. Fixing the threshold at 1 MiB
 (``mallopt(M_MMAP_THRESHOLD, ...)``, what ``MALLOC_MMAP_THRESHOLD_=1048576`` in the environment does) returns
 them; the price is a page fault for every page of every such block, every time. Measured on SmolLM2-135M's LoRA heal
-(8 x 256 tokens a step, activation checkpointing on; ``benchmarks/heal_allocator.py``): peak RSS 3.95 GB and
-9.5 s a step with glibc's default, 1.60 GB and 14.9 s with the threshold fixed. On leaving, the threshold is set to
+(8 x 256 tokens a step, activation checkpointing on; ``benchmarks/heal_allocator.py``): peak RSS 3.98 GB and
+9.5 s a step with glibc's default, 1.60 GB and 14.7 s with the threshold fixed. On leaving, the threshold is set to
 32 MiB, the ceiling glibc's own raising ends at in such a loop (glibc cannot be put back to raising it).
 """
 

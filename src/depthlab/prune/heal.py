@@ -18,7 +18,7 @@ activations would outweigh the weights held, so that they, not the model, would 
 long batches: SmolLM2-135M's 8 x 256 tokens), or take more than a quarter of the free memory; otherwise (an 8B
 model on 256 tokens) it would cost a third more compute to save little. While healing, glibc gives freed
 activations back to the system (``HealOptions.return_memory``, :func:`depthlab.base.memory.freed_memory_returned`):
-without it a CPU heal's peak is what the heap kept (SmolLM2: 3.95 GB against 1.60 GB, for 9.5 s a step against 14.9).
+without it a CPU heal's peak is what the heap kept (SmolLM2: 3.98 GB against 1.60 GB, for 9.5 s a step against 14.7).
 """
 
 from __future__ import annotations
