@@ -93,3 +93,36 @@ def jitter_norms(model):
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.1)
     return model
+
+
+def family_dir(path: Path, model_type: str, max_shard_size: str = "40KB") -> Path:
+    """A registry family's tiny model (``tiny_config``, norms jittered), saved in small shards into ``path/model_type``
+    with a byte tokenizer, so a streamed export is written shard by shard."""
+    from transformers import AutoModelForCausalLM
+
+    from depthlab.hf.architectures import tiny_config
+
+    torch.manual_seed(0)
+    model = jitter_norms(AutoModelForCausalLM.from_config(tiny_config(model_type)).eval())
+    out = path / model_type
+    model.save_pretrained(out, max_shard_size=max_shard_size)
+    byte_tokenizer().save_pretrained(out)
+    return out
+
+
+def flat(x) -> list:
+    """The numbers of a nested list, in order."""
+    return [v for item in x for v in flat(item)] if isinstance(x, list) else [x]
+
+
+def report_diff(a: dict, b: dict) -> float:
+    """The largest |Δ| over every number two diagnose reports both give (angular matrix, variance, loss, removal
+    Δloss); a value missing (None) in one must be missing in the other."""
+    pairs = [(a["angular"]["matrix"], b["angular"]["matrix"]), (a["variance"]["variance"], b["variance"]["variance"]),
+             ([a["loss"]["loss"]], [b["loss"]["loss"]]), (a["removal"]["delta_loss"], b["removal"]["delta_loss"])]
+    worst = 0.0
+    for x, y in pairs:
+        x, y = flat(x), flat(y)
+        assert len(x) == len(y) and [v is None for v in x] == [v is None for v in y]
+        worst = max([worst, *(abs(u - v) for u, v in zip(x, y) if u is not None)])
+    return worst

@@ -19,7 +19,7 @@ import math
 
 import pytest
 import torch
-from streaming_models import byte_tokenizer, jitter_norms
+from streaming_models import byte_tokenizer, jitter_norms, report_diff
 from torch import nn
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
@@ -64,21 +64,6 @@ def tiny(model_type: str, tmp_path_factory) -> tuple[nn.Module, object]:
     return _MODELS[model_type]
 
 
-def _flat(x):
-    return [v for item in x for v in _flat(item)] if isinstance(x, list) else [x]
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    pairs = [(a["angular"]["matrix"], b["angular"]["matrix"]), (a["variance"]["variance"], b["variance"]["variance"]),
-             ([a["loss"]["loss"]], [b["loss"]["loss"]]), (a["removal"]["delta_loss"], b["removal"]["delta_loss"])]
-    worst = 0.0
-    for x, y in pairs:
-        x, y = _flat(x), _flat(y)
-        assert len(x) == len(y) and [v is None for v in x] == [v is None for v in y]
-        worst = max([worst, *(abs(u - v) for u, v in zip(x, y) if u is not None)])
-    return worst
-
-
 @pytest.mark.parametrize("model_type", STREAM)
 def test_streamed_diagnose_equals_in_memory(model_type, tmp_path_factory):
     _, path = tiny(model_type, tmp_path_factory)
@@ -86,7 +71,7 @@ def test_streamed_diagnose_equals_in_memory(model_type, tmp_path_factory):
     assert streamed["engine"]["name"] == "streamed" and streamed["engine"]["layers_computed"] == 4
     in_memory = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS))
     assert in_memory["engine"]["name"] == "in-memory"
-    assert _max_diff(streamed, in_memory) <= TOL
+    assert report_diff(streamed, in_memory) <= TOL
 
 
 @pytest.mark.parametrize("model_type", [t for t in STREAM if FAMILIES[t].token_args])
@@ -99,7 +84,7 @@ def test_streamed_blocks_get_their_own_per_token_inputs(model_type, tmp_path_fac
     in_memory = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS))
     own = HFLayerSource.token_inputs
     monkeypatch.setattr(HFLayerSource, "token_inputs", lambda self, ids: [own(self, ids.roll(1, dims=1))[0]] * self.n_layers)
-    assert _max_diff(diagnose(str(path), DiagnoseOptions(**OPTS, stream=True)), in_memory) > 3 * TOL
+    assert report_diff(diagnose(str(path), DiagnoseOptions(**OPTS, stream=True)), in_memory) > 3 * TOL
 
 
 def test_per_token_inputs_are_computed_again_after_a_resume(tmp_path_factory):

@@ -7,8 +7,7 @@ import json
 
 import pytest
 import torch
-from prune_models import byte_tokenizer
-from streaming_models import hf_dir, jitter_norms
+from streaming_models import family_dir, hf_dir
 
 from depthlab.cli import main
 from depthlab.prune import PruneOptions, prune_target
@@ -22,20 +21,6 @@ FAST = ["--tokens", "96", "--seq-len", "32", "--batch-size", "2", "--no-progress
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     yield
-
-
-def _family(tmp_path, model_type: str):
-    """A registry family's tiny model, saved in small shards (so the export is written shard by shard)."""
-    from transformers import AutoModelForCausalLM
-
-    from depthlab.hf.architectures import tiny_config
-
-    torch.manual_seed(0)
-    model = jitter_norms(AutoModelForCausalLM.from_config(tiny_config(model_type)).eval())
-    path = tmp_path / model_type
-    model.save_pretrained(path, max_shard_size="40KB")
-    byte_tokenizer().save_pretrained(path)
-    return path
 
 
 def _logits(path, ids):
@@ -54,7 +39,7 @@ CASES = [("llama", "attn", {"method": "removal", "remove": 2}, 1e-5),
 
 @pytest.mark.parametrize("kind, unit, sel, tol", CASES, ids=[c[0] for c in CASES])
 def test_streamed_unit_prune_equals_in_memory(tmp_path, kind, unit, sel, tol):
-    path = _family(tmp_path, kind) if kind == "qwen3_moe" else hf_dir(tmp_path, kind, 5, max_shard_size="40KB")
+    path = family_dir(tmp_path, kind) if kind == "qwen3_moe" else hf_dir(tmp_path, kind, 5, max_shard_size="40KB")
     opts = PruneOptions(unit=unit, **sel, **OPTS)
     mem = prune_target(load_target(str(path)), opts, tmp_path / "mem")
     streamed = prune_target(open_layerwise(str(path)), opts, tmp_path / "streamed")
@@ -98,7 +83,7 @@ def test_only_the_removed_projections_change(tmp_path):
 
 
 def test_streamed_unit_refusals_are_one_line_before_any_work(tmp_path, capsys):
-    llama, moe = hf_dir(tmp_path, "llama", 4), _family(tmp_path, "qwen3_moe")
+    llama, moe = hf_dir(tmp_path, "llama", 4), family_dir(tmp_path, "qwen3_moe")
     cases = [([str(llama), "--unit", "attn", "--remove", "1", "--heal-steps", "2", "--heal", "lora"], "--heal"),
              ([str(llama), "--unit", "mlp", "--remove", "1", "--generate", "builtin-arith"], "--generate"),
              ([str(moe), "--unit", "mlp", "--remove", "1"], "mlp output projection")]

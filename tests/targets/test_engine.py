@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from streaming_models import hf_dir
+from streaming_models import hf_dir, report_diff
 
 import depthlab.targets.engine as engine
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
@@ -27,22 +27,6 @@ def _one_thread(one_thread):
     yield
 
 
-def _flat(x):
-    return [v for item in x for v in _flat(item)] if isinstance(x, list) else [x]
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    """The largest |Δ| over every number both reports give: angular matrix, variance, loss, removal Δloss."""
-    pairs = [(a["angular"]["matrix"], b["angular"]["matrix"]), (a["variance"]["variance"], b["variance"]["variance"]),
-             ([a["loss"]["loss"]], [b["loss"]["loss"]]), (a["removal"]["delta_loss"], b["removal"]["delta_loss"])]
-    worst = 0.0
-    for x, y in pairs:
-        x, y = _flat(x), _flat(y)
-        assert len(x) == len(y) and [v is None for v in x] == [v is None for v in y]
-        worst = max([worst, *(abs(u - v) for u, v in zip(x, y) if u is not None)])
-    return worst
-
-
 def test_a_library_call_with_stream_true_streams_and_gives_the_in_memory_numbers(tmp_path):
     path = hf_dir(tmp_path, "llama", 4)
     streamed = diagnose(str(path), DiagnoseOptions(**OPTS, stream=True))  # a path: opened as the options say
@@ -50,7 +34,7 @@ def test_a_library_call_with_stream_true_streams_and_gives_the_in_memory_numbers
     assert streamed["engine"]["layers_computed"] == 4 and streamed["engine"]["weight_passes"] == 1  # it did stream
     in_memory = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS))
     assert in_memory["engine"]["name"] == "in-memory"
-    assert _max_diff(streamed, in_memory) <= 1e-5
+    assert report_diff(streamed, in_memory) <= 1e-5
     opened = load_target(str(path), stream=True)  # the same through an opened target
     assert isinstance(opened, StreamTarget) and opened.plan.streamed
     assert diagnose(opened, DiagnoseOptions(**OPTS, stream=True))["engine"]["name"] == "streamed"

@@ -10,8 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from streaming_models import byte_tokenizer, hf_dir, jitter_norms
+from streaming_models import family_dir, flat, hf_dir
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose, load_target
 from depthlab.analysis.diagnostics.streamed import Stream, SweepSettings, _Layout, sublayer_streams
@@ -27,10 +26,6 @@ def _one_thread(one_thread):
     yield
 
 
-def _flat(x):
-    return [v for item in x for v in _flat(item)] if isinstance(x, list) else [x]
-
-
 def units_lens_diff(a: dict, b: dict) -> float:
     """max |Δ| over the sublayers and lens sections of two reports (each must have both, with the same keys)."""
     pairs = [(a["sublayers"][u][k], b["sublayers"][u][k]) for u in ("attn", "mlp")
@@ -40,7 +35,7 @@ def units_lens_diff(a: dict, b: dict) -> float:
     assert a["sublayers"]["tokens"] == b["sublayers"]["tokens"] and a["lens"]["tokens"] == b["lens"]["tokens"]
     worst = 0.0
     for x, y in pairs:
-        x, y = _flat(x), _flat(y)
+        x, y = flat(x), flat(y)
         assert len(x) == len(y) > 0
         worst = max([worst, *(abs(u - v) for u, v in zip(x, y))])
     return worst
@@ -57,22 +52,12 @@ def _run(tmp_path: Path) -> Path:
     return out
 
 
-def _family(tmp_path: Path, model_type: str) -> Path:
-    from transformers import AutoModelForCausalLM
 
-    from depthlab.hf.architectures import tiny_config
-
-    torch.manual_seed(0)
-    model = jitter_norms(AutoModelForCausalLM.from_config(tiny_config(model_type)).eval())
-    path = tmp_path / model_type
-    model.save_pretrained(path, max_shard_size="40KB")
-    byte_tokenizer().save_pretrained(path)
-    return path
 
 
 @pytest.mark.parametrize("kind", list(TOL))
 def test_units_and_lens_streamed_equal_in_memory_in_one_weight_pass(tmp_path, kind):
-    path = _run(tmp_path) if kind == "run" else _family(tmp_path, kind)
+    path = _run(tmp_path) if kind == "run" else family_dir(tmp_path, kind)
     opts = DiagnoseOptions(**OPTS)
     mem = diagnose(load_target(str(path)), opts)
     target = open_layerwise(str(path))
