@@ -98,10 +98,10 @@ def _checkpointing(model: nn.Module, opts: HealOptions) -> bool:
     returns whether it is on."""
     from depthlab.targets.engine import available_memory
 
-    want = opts.checkpoint
+    want, weights = opts.checkpoint, weight_bytes(model)
     need = activation_bytes(model, opts.batch_size * opts.seq_len, opts.seq_len)
     if want is None:
-        want = checkpoint_pays(need, weight_bytes(model), available_memory(next(model.parameters()).device))
+        want = checkpoint_pays(need, weights, available_memory(next(model.parameters()).device))
     enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x; before: gradient_...
     if want and not callable(enable) and not callable(getattr(model, "gradient_checkpointing_enable", None)):
         log.info("activation checkpointing: %s has none; healing without it", type(model).__name__)
@@ -111,7 +111,7 @@ def _checkpointing(model: nn.Module, opts: HealOptions) -> bool:
     elif want:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     log.info("activation checkpointing %s (activations estimated at %.2f GiB, weights %.2f GiB)", "on" if want else "off",
-             need / 2**30, weight_bytes(model) / 2**30)
+             need / 2**30, weights / 2**30)
     return bool(want)
 
 
