@@ -102,3 +102,20 @@ def test_the_slug_is_githubs():
     assert slug("The paper's claims, measured") == "the-papers-claims-measured"
     assert slug("`--dtype` and `--weights`") == "--dtype-and---weights"
     assert slug("prune_heal.py — prune + LoRA heal") == "prune_healpy--prune--lora-heal"
+
+
+def test_the_readme_keeps_its_two_set_up_commands_and_the_newcomer_check_reads_every_page():
+    readme = (ROOT / "README.md").read_text()
+    assert "bash scripts/install.sh && depthlab demo" in readme
+    assert "bash scripts/install.sh --dev && python3 -m pytest -q" in readme
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("newcomer_check", ROOT / "scripts" / "newcomer_check.py")
+    check = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(check)
+    steps = check.all_steps()
+    assert {p.name for p in check.PAGES} == {p.name for p in PAGES}
+    assert {"README.md", "docs/pruning.md", "docs/vit.md"} <= {s.page for s in steps if s.run}
+    assert all(s.run or s.why for s in steps), [s.where for s in steps if not (s.run or s.why)]
+    ran = [s.shown for s in steps if s.run]
+    assert len(set(ran)) == len(ran), "a command shown on two pages runs twice"
