@@ -1,4 +1,4 @@
-"""The other loops: the plain-loop example (a nanoGPT-style model, the README's code) and a Lightning
+"""The other loops: the plain-loop example (a nanoGPT-style model, docs/monitor.md's code) and a Lightning
 Trainer; and the README / docs code blocks are the examples' code, character for character."""
 
 import csv
