@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> Trainer:
 
     # readme:start hf-trainer
     from depthlab.hf import apply_layernorm_scaling
-    from depthlab.monitor import DepthMonitorCallback
+    from depthlab.analysis.monitor import DepthMonitorCallback
 
     probe_ids = next(iter(held_out))               # a fixed held-out batch of token ids, (B, T + 1)
     model = AutoModelForCausalLM.from_config(config)
