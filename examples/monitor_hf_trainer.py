@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> Trainer:
     probe_every = a.every
 
     # readme:start hf-trainer
-    from depthlab.hf import apply_layernorm_scaling
     from depthlab.analysis.monitor import DepthMonitorCallback
+    from depthlab.hf import apply_layernorm_scaling
 
     probe_ids = next(iter(held_out))               # a fixed held-out batch of token ids, (B, T + 1)
     model = AutoModelForCausalLM.from_config(config)
