@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
 
 from depthlab.data import CausalLMWindows, build_tokenizer, eval_token_batches, iter_documents, load_sequences
-from depthlab.hf.convert import save_hf_checkpoint
+from depthlab.hf.export import save_hf_checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

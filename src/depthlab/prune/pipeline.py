@@ -61,7 +61,7 @@ def check_options(opts: PruneOptions, n_layers: int | None = None, hf_config: An
     opts.validate(n_layers)
     check_heal(opts.heal)
     if hf_config is not None and opts.blocks and opts.unit == "block":
-        from depthlab.hf.architectures import check_config
+        from depthlab.hf.families import check_config
 
         check_config(hf_config, "prune", opts.blocks)
     if hf_config is not None and n_layers is not None and opts.remove is not None and opts.unit == "block":
