@@ -159,7 +159,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("configs and the scheme registry", ("models.config", "models.schemes")),
     ("configure", ("models.configure",)),
     ("models", ("models", "models.decoder", "models.vit")),
-    ("model families", ("models.families",)),
+    ("model kinds", ("models.kinds",)),
     ("data", ("data",)),
     ("Hugging Face interop", ("hf",)),
     ("figures", ("analysis.plots",)),

@@ -730,8 +730,8 @@ def _locate_run(path: Path) -> Located | str:
         run = open_run(path, weights=False)
     except DepthlabError as err:
         return first_line(err)
-    if run.family.name != "lm":
-        return f"a {run.family.name} run is not streamable (only decoder LM runs are)"
+    if run.kind.name != "lm":
+        return f"a {run.kind.name} run is not streamable (only decoder LM runs are)"
     return Located("run", run.path, (run.path / "model.safetensors",), run.config, run)
 
 
