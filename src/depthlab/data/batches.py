@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from depthlab.base.errors import DepthlabError
-from depthlab.base.fileio import publish
+from depthlab.base.fileio import fresh_out, publish
 from depthlab.data.corpora import SHARDS_META, builtin_path, iter_documents, resolve_files
 from depthlab.data.named import NAMED_CORPORA, named_fingerprint, shard_path
 from depthlab.data.tokenizers import Tokenizer, default_cache_dir
@@ -123,10 +123,8 @@ def write_shards(spec: str, tokenizer: Tokenizer, out_dir: str | Path, text_fiel
     """Tokenize a corpus once into ``out_dir/{train,val}.bin`` (uint16/uint32, EOS-separated) for
     training on large data: ``--data out_dir`` then memory-maps them. Returns the metadata (``command``: the
     command line that made them, recorded there)."""
-    out = Path(out_dir)
+    out = fresh_out(out_dir)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DepthlabError(f"output {str(out)!r} already exists; choose a new --out")
     out.mkdir(parents=True, exist_ok=True)
     counts = {}
     for split in ("train", "val"):
