@@ -1,7 +1,8 @@
-"""The config rules a family entry names (:mod:`depthlab.hf.families`): how a config integer that depends on layer
-positions is rewritten when layers are cut (:data:`INDEX_RULES`), and what some configs of a family cannot do
-(:data:`CONFIG_LIMITS`, with :data:`LIMIT_NOTES` for the README table). Functions of a config alone: they know no
-family, so a new family reuses them by name and a new rule is one function here.
+"""The rules a family entry names (:mod:`depthlab.hf.families`): how a config integer that depends on layer positions
+is rewritten when layers are cut (:data:`INDEX_RULES`), what some configs of a family cannot do
+(:data:`CONFIG_LIMITS`, with :data:`LIMIT_NOTES` for the README table), and the fix-ups a family's random test model
+needs (``Family.tiny_fixup``). Functions of a config or a model alone: they know no family, so a new family reuses
+them and a new rule is one function here.
 """
 
 from __future__ import annotations
