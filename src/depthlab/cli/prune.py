@@ -58,18 +58,16 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from depthlab.base.errors import DepthlabError
+    from depthlab.base.fileio import fresh_out
     from depthlab.base.provenance import command_line
     from depthlab.prune import check_options, check_target, prune_target
     from depthlab.targets import load_target
 
     if not args.out:
         raise DepthlabError("give --out DIR for the pruned checkpoint")
-    out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
+    out = fresh_out(args.out)
     given = PRUNE.given(args)
     progress = given.pop("progress", True)  # a bar on a terminal, ETA log lines otherwise (depthlab.base.progress)
     base = PruneOptions()

@@ -23,6 +23,7 @@ from torch import nn
 from depthlab.analysis.diagnostics.capture import ResidualCapture, capture_of
 from depthlab.analysis.diagnostics.removal import joint_removal_loss
 from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import fresh_out
 from depthlab.base.metrics import perplexity
 from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.export import (
@@ -61,7 +62,7 @@ def check_options(opts: PruneOptions, n_layers: int | None = None, hf_config: An
     opts.validate(n_layers)
     check_heal(opts.heal)
     if hf_config is not None and opts.blocks and opts.unit == "block":
-        from depthlab.hf.architectures import check_config
+        from depthlab.hf.families import check_config
 
         check_config(hf_config, "prune", opts.blocks)
     if hf_config is not None and n_layers is not None and opts.remove is not None and opts.unit == "block":
@@ -136,8 +137,7 @@ def _survey(model: nn.Module, batches) -> dict[str, Any]:
 def check_in_memory(target: Target, opts: PruneOptions, out: Path) -> int:
     """Every refusal that needs the loaded model (an encoder, a scheme Llama cannot express, block ranges) and
     a free ``out``, before any pass over data; returns the model's block count."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
+    fresh_out(out)
     if not target.causal:
         raise DepthlabError(f"{target.name!r} is an encoder; depthlab prune needs a causal LM")
     check_prunable(target.model)

@@ -33,6 +33,7 @@ from depthlab.analysis.diagnostics.removal import nll_sum
 from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, SweepSettings
 from depthlab.analysis.diagnostics.streamed_runner import LossConsumer, joint_loss, state_dir
 from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import fresh_out
 from depthlab.base.metrics import perplexity
 from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.options import PruneOptions
@@ -144,8 +145,7 @@ def streamed_cost(target: StreamTarget, seq_len: int) -> dict[str, int]:
 
 def check_stream_target(target: StreamTarget, opts: PruneOptions, out: Path) -> None:
     """:func:`depthlab.prune.pipeline.check_in_memory` for a model read one layer at a time."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DepthlabError(f"output directory {str(out)!r} exists and is not empty; give a new --out")
+    fresh_out(out)
     if target.kind != "hf-causal-lm":
         raise DepthlabError("streamed pruning writes HF checkpoints from HF safetensors directories; prune a depthlab "
                             "run in memory (--no-stream)")

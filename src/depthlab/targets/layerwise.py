@@ -11,7 +11,7 @@
         logits = head(h)
 
 The model is built once on the meta device (a *skeleton*: no memory), from the checkpoint's config:
-transformers' own ``AutoModelForCausalLM`` for an HF directory (every family of :mod:`depthlab.hf.architectures`
+transformers' own ``AutoModelForCausalLM`` for an HF directory (every family of :mod:`depthlab.hf.families`
 that does not refuse streaming; LayerNorm Scaling restored from its config marker, as :func:`depthlab.hf.load` does;
 MoE experts stored one by one are fused by transformers' own checkpoint conversion, one layer at a time), the
 run's ``DecoderLM`` for a depthlab run. A module is *materialised* by loading its tensors from the memory-mapped safetensors
@@ -450,7 +450,7 @@ def _conversion(model: nn.Module, store: TensorStore) -> tuple[list, dict[str, l
 
 class HFLayerSource(LayerSource):
     """An HF causal LM directory: transformers' own classes, built from its config on the meta device; where the
-    blocks and the final norm sit comes from the family's entry (:mod:`depthlab.hf.architectures`). Block 1's input
+    blocks and the final norm sit comes from the family's entry (:mod:`depthlab.hf.families`). Block 1's input
     is what the model's own forward hands it (embedding scaled, position embeddings added: Gemma, GPT-2, Granite),
     and the logits what the LM's own forward makes of the final norm's output (soft-capping, logit scaling)."""
 
@@ -458,7 +458,7 @@ class HFLayerSource(LayerSource):
                  compute_dtype: torch.dtype) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from depthlab.hf.architectures import family_of, split_path
+        from depthlab.hf.families import family_of, split_path
         from depthlab.hf.lns import apply_layernorm_scaling, layernorm_scaling_marker
 
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
@@ -697,7 +697,7 @@ class Located:
 
 def locate(name: str) -> Located | str:
     """The streamable checkpoint ``name`` designates, or a sentence saying why it is not streamable."""
-    from depthlab.hf.architectures import check_config, family_of
+    from depthlab.hf.families import check_config, family_of
 
     path = Path(name).expanduser()
     if not path.is_dir():
@@ -730,8 +730,8 @@ def _locate_run(path: Path) -> Located | str:
         run = open_run(path, weights=False)
     except DepthlabError as err:
         return first_line(err)
-    if run.family.name != "lm":
-        return f"a {run.family.name} run is not streamable (only decoder LM runs are)"
+    if run.kind.name != "lm":
+        return f"a {run.kind.name} run is not streamable (only decoder LM runs are)"
     return Located("run", run.path, (run.path / "model.safetensors",), run.config, run)
 
 
