@@ -252,6 +252,16 @@ def check_reload(out: Path, model: Any) -> dict[str, Any]:
             "generate_text": proc.tokenizer.decode(gen_txt)}
 
 
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="model directory (default: the depthlab cache)")
@@ -283,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
               "trained": accuracy(model, processor, args.eval_items), "reload": check_reload(out, model),
               "parameters": {"total": sum(p.numel() for p in model.parameters()),
                              "vision": sum(p.numel() for p in model.model.vision_model.parameters())},
-              "machine": f"{platform.processor() or platform.machine()}, {args.threads} threads, shared",
+              "machine": f"{_cpu_name()}, {args.threads} threads, shared with other agents' jobs",
               "torch": torch.__version__, "transformers": transformers.__version__}
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "accuracy.json").write_text(json.dumps(result, indent=1) + "\n")
