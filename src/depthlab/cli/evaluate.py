@@ -16,11 +16,15 @@ examples:
   depthlab evaluate smollm2 --tasks arc_easy.jsonl,piqa.jsonl,boolq.jsonl --limit 200 --out evals/smollm2
   depthlab evaluate runs/lns-sft --tasks builtin-mc --scoring generate --out evals/lns-sft
   depthlab evaluate runs/lns --config eval.yaml --out evals/lns     # any option below from a YAML/JSON file
+  depthlab evaluate my-vlm/ --tasks builtin-shapes,'mmmu/*/validation-*.parquet' --out evals/vlm
 
 TARGET as in `depthlab diagnose`: a run dir / checkpoint, preset:NAME, an HF dir, a .gguf, smollm2.
 --tasks: comma-separated; a local .jsonl in the native format of ARC, OpenBookQA, PIQA, HellaSwag,
 BoolQ, WinoGrande, SIQA (detected from the fields) or {"context", "choices", "answer"}; builtin-mc
 (held-out books of the built-in corpus, offline); hf:NAME[:CONFIG[:SPLIT]] (needs the network).
+Image-text multiple choice (an image-text-to-text TARGET directory, e.g. LLaVA, Qwen2.5-VL, SmolVLM):
+builtin-shapes (offline); MMMU's parquet files as downloaded ('mmmu/*/validation-*.parquet', quoted) or a
+.jsonl of {"question", "options", "answer", "image" | "images" | "image_1".."image_7"}.
 
 --scoring loglik (default): lm-evaluation-harness's zero-shot multiple choice (same prompts), acc and
 acc_norm with standard errors. --scoring generate: LLM-Adapters' generate-and-match (greedy) on the
@@ -49,6 +53,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
 
     from depthlab.analysis.evaluate import evaluate, load_tasks, markdown_table
+    from depthlab.analysis.evaluate.image_model import image_text_config, load_image_text, refuse_image_tasks
     from depthlab.base.errors import DepthlabError
     from depthlab.base.fileio import fresh_out
     from depthlab.base.provenance import command_line
@@ -63,9 +68,14 @@ def run(args: argparse.Namespace) -> int:
     get_template(opts.template)
     tasks = load_tasks(opts.tasks, opts.limit)  # every task is read and checked before the model loads
     device, weights, compute = device_precision(args)
-    target = load_target(args.target, device=device, dtype=weights, compute_dtype=compute, scheme=args.scheme)
+    if image_text_config(args.target) is not None:  # an image-text-to-text wrapper: the model and its processor
+        target, processor = load_image_text(args.target, device=device, dtype=weights)
+    else:
+        refuse_image_tasks(tasks, args.target)
+        target = load_target(args.target, device=device, dtype=weights, compute_dtype=compute, scheme=args.scheme)
+        processor = None
     results = evaluate(target, tasks, out=out, **opts.scoring_kwargs(), progress=opts.progress,
-                       command=command_line(args.argv))
+                       command=command_line(args.argv), processor=processor)
     print(markdown_table(results), end="")
     print(f"results: {out / 'eval.json'}   (table: {out / 'eval.md'})")
     return 0

@@ -180,10 +180,41 @@ def load_hf_images(name: str, image_size: int, channels: int, limit: int | None 
     return torch.stack(xs), torch.tensor(ys, dtype=torch.long), classes
 
 
+def check_image_folder(root: str | Path) -> list[str]:
+    """The class names of an image folder after every image file in it was opened and verified (Pillow reads its
+    header and checks its structure, without decoding all pixels); DepthlabError naming the first file that is not
+    an image Pillow can read, or what is wrong with the folder: before any model is loaded."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise needs("image folders", "vit") from None
+    root = Path(root)
+    if not root.is_dir():
+        raise DepthlabError(f"image folder {str(root)!r} does not exist")
+    classes = folder_classes(root)
+    if len(classes) < 2:
+        what = f"one class only ({classes[0]!r})" if classes else f"no class sub-folder with images ({', '.join(IMAGE_SUFFIXES)})"
+        raise DepthlabError(f"image folder {str(root)!r} has {what}; need at least 2")
+    for name in classes:
+        for f in sorted((root / name).iterdir()):
+            if f.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            try:
+                with Image.open(f) as im:
+                    im.verify()
+            except Exception as err:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...: one line
+                raise DepthlabError(f"cannot read image {str(f)!r}: {first_line(err)[:120]}") from None
+    return classes
+
+
 def check_image_spec(spec: str) -> str:
-    """``spec`` when it can name image data (``digits``, ``hf:NAME``, a folder); else DepthlabError, before any work
-    (a ViT asked to train on a text corpus is refused here, not after its run started)."""
-    if spec == "digits" or spec.startswith("hf:") or Path(spec).is_dir():
+    """``spec`` when it can name image data (``digits``, ``hf:NAME``, a folder whose images all open); else
+    DepthlabError, before any work (a ViT asked to train on a text corpus, or on a folder holding a file that is not
+    an image, is refused here, not after its run started)."""
+    if spec == "digits" or spec.startswith("hf:"):
+        return spec
+    if Path(spec).is_dir():
+        check_image_folder(spec)
         return spec
     what = "a file, not a folder of images" if Path(spec).is_file() else "no such folder"
     raise DepthlabError(f"unknown image data {spec!r} ({what}): a ViT trains on 'digits', a folder of class "

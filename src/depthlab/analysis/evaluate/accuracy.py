@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -17,11 +18,15 @@ from depthlab.base.progress import logs_to_stderr
 from depthlab.base.provenance import versions
 from depthlab.data.builtin_tasks import BUILTIN_TASKS, builtin_task
 from depthlab.data.gentasks import GEN_TASKS, GenTask, builtin_gen_task, is_gen_rows, load_gen_file
+from depthlab.data.image_tasks import ImageTask, is_image_row, load_image_task
+from depthlab.data.shapes import IMAGE_TASKS, builtin_image_task
 from depthlab.data.tasks import Task, load_task_file, parse_rows
 
 log = logging.getLogger(__name__)
 
-TASK_FORMS = "a .jsonl file, " + ", ".join(BUILTIN_TASKS + GEN_TASKS) + " or hf:NAME[:CONFIG[:SPLIT]]"
+TASK_FORMS = ("a .jsonl file, an image-text .parquet file or 'GLOB' of them (MMMU), "
+              + ", ".join(BUILTIN_TASKS + GEN_TASKS + IMAGE_TASKS) + " or hf:NAME[:CONFIG[:SPLIT]]")
+AnyTask = Task | GenTask | ImageTask
 
 
 def _hf_task(spec: str, limit: int | None) -> Task:
@@ -39,17 +44,27 @@ def _hf_task(spec: str, limit: int | None) -> Task:
     return parse_rows(((f"{spec}[{i}]", dict(row)) for i, row in enumerate(ds)), spec, spec, limit)
 
 
-def _file_task(spec: str, limit: int | None) -> Task | GenTask:
-    """A task file: exact-match items (rows of ``prompt`` and ``answer``) or multiple choice (any other format)."""
+def _file_task(spec: str, limit: int | None) -> AnyTask:
+    """A task file: exact-match items (rows of ``prompt`` and ``answer``), image-text multiple choice (rows with a
+    question, options and an image: MMMU's format) or text multiple choice (any other format)."""
     from depthlab.base.fileio import read_json_records
 
     first = next(iter(read_json_records(Path(spec), "task file")), (None, None))[1] if Path(spec).is_file() else None
+    if is_image_row(first):
+        return load_image_task(spec, limit)
     return load_gen_file(spec, limit) if is_gen_rows(first) else load_task_file(spec, limit)
 
 
-def load_tasks(specs: str | Sequence[str | Task | GenTask], limit: int | None = None) -> list[Task | GenTask]:
+def _is_image_spec(spec: str) -> bool:
+    """A parquet file or a glob pattern: image-text tasks (MMMU's files) only."""
+    return spec.lower().endswith(".parquet") or any(c in spec for c in "*?[")
+
+
+def load_tasks(specs: str | Sequence[str | AnyTask], limit: int | None = None) -> list[AnyTask]:
     """Tasks from specs (a comma-separated string or a list): .jsonl files, builtin-mc, builtin-arith, builtin-verses,
-    hf:NAME. Generative tasks (:class:`~depthlab.data.gentasks.GenTask`) are scored by exact match."""
+    builtin-shapes, image-text .parquet files or globs, hf:NAME. Generative tasks
+    (:class:`~depthlab.data.gentasks.GenTask`) are scored by exact match, image-text tasks
+    (:class:`~depthlab.data.image_tasks.ImageTask`) through the model's processor."""
     if isinstance(specs, str):
         specs = [s.strip() for s in specs.split(",") if s.strip()]
     if not specs:
@@ -58,16 +73,18 @@ def load_tasks(specs: str | Sequence[str | Task | GenTask], limit: int | None = 
         raise DepthlabError(f"--limit must be positive, got {limit}")
     tasks = []
     for spec in specs:
-        if isinstance(spec, Task):
-            tasks.append(Task(spec.name, spec.format, spec.items[:limit], spec.source, spec.info))
-        elif isinstance(spec, GenTask):
-            tasks.append(GenTask(spec.name, spec.items[:limit], spec.source, spec.max_new_tokens, spec.info))
+        if isinstance(spec, (Task, GenTask, ImageTask)):
+            tasks.append(dataclasses.replace(spec, items=spec.items[:limit]))
         elif spec in GEN_TASKS:
             tasks.append(builtin_gen_task(spec, limit))
         elif spec in BUILTIN_TASKS:
             tasks.append(builtin_task(spec, limit))
+        elif spec in IMAGE_TASKS:
+            tasks.append(builtin_image_task(spec, limit))
         elif spec.startswith("hf:"):
             tasks.append(_hf_task(spec, limit))
+        elif _is_image_spec(spec):
+            tasks.append(load_image_task(spec, limit))
         elif Path(spec).suffix == ".jsonl" or Path(spec).is_file():
             tasks.append(_file_task(spec, limit))
         else:
@@ -110,13 +127,47 @@ def _max_length(target: Any) -> int:
     return int(target.max_seq_len or 2048)
 
 
+def _open(target: Any, processor: Any) -> tuple[Any, Any]:
+    """(the loaded target, its processor): a path to an image-text-to-text model directory is loaded with its
+    processor (:mod:`~depthlab.analysis.evaluate.image_model`), anything else as ``load_target`` loads it."""
+    from depthlab.analysis.evaluate.image_model import image_text_config, load_image_text
+    from depthlab.targets.load import target_for
+
+    if isinstance(target, (str, Path)) and image_text_config(target) is not None:
+        target, loaded = load_image_text(str(target))
+        return target, processor if processor is not None else loaded
+    return target_for(target, stream=False), processor  # a target read layer by layer is refused: scoring runs the
+    # whole model on each batch
+
+
+def _check(task_list: list[AnyTask], scoring: str, sees_images: bool, name: str) -> None:
+    """Refuse, before a model is loaded, a task the scoring or the model cannot serve."""
+    gen = [t.name for t in task_list if isinstance(t, GenTask)]
+    if gen and scoring != "generate":
+        raise DepthlabError(f"task {gen[0]!r} is generative (exact match of a continuation); score it with "
+                            "--scoring generate")
+    image = [t.name for t in task_list if isinstance(t, ImageTask)]
+    if image and scoring != "loglik":
+        raise DepthlabError(f"task {image[0]!r} is image-text multiple choice: it is scored by loglikelihood only "
+                            "(--scoring loglik)")
+    if not sees_images:
+        from depthlab.analysis.evaluate.image_model import refuse_image_tasks
+
+        refuse_image_tasks(task_list, name)
+
+
 @logs_to_stderr
-def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path | None = None,
+def evaluate(target: Any, tasks: str | Sequence[str | AnyTask], *, out: str | Path | None = None,
              limit: int | None = None, batch_size: int = 8, scoring: str = "loglik", template: str = "alpaca",
-             max_new_tokens: int = 32, progress: bool = True, command: str | None = None) -> dict[str, dict[str, Any]]:
+             max_new_tokens: int = 32, progress: bool = True, command: str | None = None, processor: Any = None,
+             chat_template: bool = False) -> dict[str, dict[str, Any]]:
     """Score ``tasks`` on ``target`` (a :class:`~depthlab.targets.Target` or what
-    ``load_target`` accepts). Returns ``{task: {acc, acc_norm, n, acc_stderr, acc_norm_stderr, ...}}``
-    (``generate``: acc only); with ``out``, writes ``eval.json`` and ``eval.md`` there."""
+    ``load_target`` accepts, or an image-text-to-text model directory). Returns ``{task: {acc, acc_norm, n,
+    acc_stderr, acc_norm_stderr, ...}}`` (``generate``: acc only); with ``out``, writes ``eval.json`` and ``eval.md``
+    there. Image-text tasks need the model's ``processor`` (loaded with a model directory); ``chat_template``
+    renders their prompts through it (:mod:`~depthlab.analysis.evaluate.image_scoring`)."""
+    from depthlab.analysis.evaluate.image_model import image_text_config
+    from depthlab.analysis.evaluate.image_scoring import score_image_loglik
     from depthlab.data.sft import get_template
 
     if scoring not in SCORINGS:
@@ -125,31 +176,27 @@ def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path 
         raise DepthlabError(f"--batch-size must be positive, got {batch_size}")
     tmpl = get_template(template)
     task_list = load_tasks(tasks, limit)
-    gen = [t.name for t in task_list if isinstance(t, GenTask)]
-    if gen and scoring != "generate":
-        raise DepthlabError(f"task {gen[0]!r} is generative (exact match of a continuation); score it with "
-                            "--scoring generate")
-    from depthlab.targets.load import target_for
-
-    target = target_for(target, stream=False)  # a path is loaded; a target read layer by layer is refused: scoring
-    # runs the whole model on each batch
+    sees = processor is not None or (isinstance(target, (str, Path)) and image_text_config(target) is not None)
+    _check(task_list, scoring, sees, str(getattr(target, "name", target)))
+    target, processor = _open(target, processor)
     codec, fn, max_len = Codec(target), target.forward_fn(), _max_length(target)
+    kw = {"batch_size": batch_size, "max_length": max_len, "pad_id": codec.pad_id, "device": target.device,
+          "progress": progress}
     results: dict[str, dict[str, Any]] = {}
     generations: dict[str, list[dict[str, Any]]] = {}
     for task in task_list:
-        if isinstance(task, GenTask):
-            res = score_exact_match(fn, task, codec.encode, codec.decode, eos_id=codec.eos_id, batch_size=batch_size,
-                                    max_new_tokens=max_new_tokens, max_length=max_len, pad_id=codec.pad_id,
-                                    device=target.device, progress=progress)
+        if isinstance(task, ImageTask):
+            res = score_image_loglik(target.model, processor, task, chat_template=chat_template,
+                                     progress=progress).metrics()
+        elif isinstance(task, GenTask):
+            res = score_exact_match(fn, task, codec.encode, codec.decode, eos_id=codec.eos_id,
+                                    max_new_tokens=max_new_tokens, **kw)
             generations[task.name] = res.pop("outputs")
         elif scoring == "loglik":
-            res = score_loglik(fn, task, codec.encode, prefix_id=codec.prefix_id, batch_size=batch_size,
-                               max_length=max_len, pad_id=codec.pad_id, device=target.device,
-                               progress=progress).metrics()
+            res = score_loglik(fn, task, codec.encode, prefix_id=codec.prefix_id, **kw).metrics()
         else:
             res = score_generate(fn, task, codec.encode, codec.decode, tmpl.render, eos_id=codec.eos_id,
-                                 batch_size=batch_size, max_new_tokens=max_new_tokens, max_length=max_len,
-                                 pad_id=codec.pad_id, device=target.device, progress=progress)
+                                 max_new_tokens=max_new_tokens, **kw)
             generations[task.name] = res.pop("outputs")
         results[task.name] = {"format": task.format, "source": task.source, **res}
         log.info("%s: %s", task.name, ", ".join(f"{k}={v:.4f}" for k, v in res.items() if k.startswith("acc")
@@ -157,6 +204,7 @@ def evaluate(target: Any, tasks: str | Sequence[str | Task], *, out: str | Path 
     if out is not None:
         meta = {"target": target.name, "target_info": {k: v for k, v in target.info.items() if k != "config"},
                 "scoring": scoring, "template": tmpl.to_dict() if scoring == "generate" else None, "limit": limit,
+                "chat_template": chat_template if any(isinstance(t, ImageTask) for t in task_list) else None,
                 "batch_size": batch_size, "max_length": max_len, "command": command, "versions": versions()}
         write_results(out, results, meta, generations)
     return results

@@ -15,13 +15,14 @@ class EvaluateOptions:
     """Options of :func:`depthlab.analysis.evaluate.evaluate` (``depthlab evaluate``)."""
 
     # ---- tasks
-    tasks: str | None = None  # comma-separated: FILE.jsonl, builtin-mc, builtin-arith, builtin-verses, hf:NAME[:CONFIG[:SPLIT]]
+    tasks: str | None = None  # comma-separated: FILE.jsonl, builtin-mc, builtin-arith, builtin-verses, builtin-shapes, hf:NAME
     limit: int | None = None  # score the first N items of each task
     # ---- scoring
     scoring: str = "loglik"  # loglik: lm-eval's multiple choice | generate: generate-and-match (LLM-Adapters; exact match)
     batch_size: int = 8  # sequences per forward
     template: str = "alpaca"  # SFT prompt template for --scoring generate (alpaca, llm-adapters)
     max_new_tokens: int = 32  # generated tokens for --scoring generate
+    chat_template: bool = False  # image-text tasks: prompt through the processor's chat template (instruct models)
     progress: bool = True  # progress bars on a terminal
 
     def validate(self) -> None:
@@ -39,4 +40,4 @@ class EvaluateOptions:
         """:func:`~depthlab.analysis.evaluate.evaluate`'s keyword arguments for these options (but ``progress``,
         which a command shows on a terminal only)."""
         return {"limit": self.limit, "batch_size": self.batch_size, "scoring": self.scoring, "template": self.template,
-                "max_new_tokens": self.max_new_tokens}
+                "max_new_tokens": self.max_new_tokens, "chat_template": self.chat_template}
