@@ -35,7 +35,7 @@ from depthlab.base.errors import DepthlabError, choices, first_line
 
 #: Keys of a run's config.json that record where it came from, not how to run it (skipped by --config).
 PROVENANCE_KEYS = ("versions", "command", "command_resume", "world_size", "family", "data_fingerprint", "tokenizer",
-                   "resume_changes", "init_from", "finetune", "pruned", "defaulted")
+                   "resume_changes", "init_from", "finetune", "pruned", "defaulted", "optimizer_split")
 
 
 # ---------------------------------------------------------------------------------------------- help texts
