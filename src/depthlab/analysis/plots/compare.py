@@ -147,7 +147,7 @@ def across_cells(cells: Sequence[str], series: Mapping[str, Sequence[tuple[float
     a measure not taken) is left out."""
     colors = _colors(series)
     n = len(series)
-    width = 0.7 / max(n, 1)
+    width = 0.4 / max(n, 1)
     fig, ax = subplots(figsize=(max(6.0, 1.3 * len(cells) + 2), 4))
     for i, (name, points) in enumerate(series.items()):
         xs = [c + (i - (n - 1) / 2) * width for c, (m, _) in enumerate(points) if m is not None]
@@ -155,6 +155,7 @@ def across_cells(cells: Sequence[str], series: Mapping[str, Sequence[tuple[float
         errs = [s or 0.0 for m, s in points if m is not None]
         ax.errorbar(xs, ms, yerr=errs, fmt="o", ms=5, capsize=3, color=colors[name], label=name)
     ax.set_xticks(range(len(cells)))
+    ax.set_xlim(-0.6, len(cells) - 0.4)
     ax.set_xticklabels([c.replace(" ", "\n") for c in cells], fontsize=8)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, axis="y")
