@@ -112,7 +112,10 @@ def test_a_failing_cell_is_recorded_and_the_others_finish(tmp_path, monkeypatch)
     assert "table" in summary["cells"][0] and summary["cells"][1]["error"] == "RuntimeError: the loss went to the moon"
     assert "failed: RuntimeError" in (tmp_path / "s" / "report.html").read_text()
     monkeypatch.setattr(C, "train", original)  # fixed: the same call trains the failed cell only
-    assert [("table" in e) for e in compare(cfg, tmp_path / "s")["cells"]] == [True, True]
+    said = []
+    again = compare(cfg, tmp_path / "s", on_run=lambda scheme, seed, row: said.append((scheme, seed)))
+    assert [("table" in e) for e in again["cells"]] == [True, True]
+    assert said == [("weight_decay=0: pre", 0), ("weight_decay=0.1: pre", 0)]  # each line names its cell
 
 
 def test_workers_across_cells_give_the_same_numbers(swept, tmp_path):

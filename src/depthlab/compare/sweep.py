@@ -105,8 +105,9 @@ def _cell_entry(cfg: CompareConfig, cell: Cell, out: Path, failure: str | None, 
     if failure is None:
         log.info("sweep: cell %s", cell.label)
         try:
+            said = None if on_run is None else lambda scheme, seed, row: on_run(f"{cell.label}: {scheme}", seed, row)
             res = E.compare(dataclasses.replace(cfg.cell_config(cell), jobs=1), out / entry["dir"], quiet=quiet,
-                            command=command, on_run=on_run)
+                            command=command, on_run=said)
             return {**entry, "table": res["table"], "runs": res["runs"]}
         except Exception as err:  # noqa: BLE001 - a failed cell is reported in one line; the others go on
             failure = first_line(err) if isinstance(err, DepthlabError) else f"{type(err).__name__}: {first_line(err)}"
