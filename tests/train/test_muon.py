@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from depthlab import from_preset
+from depthlab.base.errors import ConfigError
 from depthlab.cli import main
 from depthlab.models.configure import from_preset as preset_config
 from depthlab.models.schemes import SCHEMES
@@ -150,6 +151,20 @@ def test_split_of_a_vit():
     split = muon_split(model)
     assert split["muon"] and all(n.startswith("blocks.") and n.endswith(".weight") for n in split["muon"])
     assert not any(n.startswith("blocks.") for n in split["adamw"] if dict(model.named_parameters())[n].ndim == 2)
+
+
+def test_a_model_without_hidden_matrices_is_refused_in_one_line():
+    class NoLinears(nn.Module):  # blocks of gains only: nothing for Muon to orthogonalise
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.blocks = nn.ModuleList(nn.LayerNorm(4) for _ in range(2))
+
+    with pytest.raises(ConfigError, match=r"^optimizer 'muon' needs linear layers inside the blocks of NoLinears.*adamw"):
+        muon_split(NoLinears())
+    with pytest.raises(ConfigError, match="2-D matrices only"):
+        MuonAdamW([{"params": [nn.Parameter(torch.ones(3))], "muon": True}], lr=1.0, betas=(0.9, 0.999), eps=1e-8,
+                  weight_decay=0.0)
 
 
 # ------------------------------------------------------------------------------ training
