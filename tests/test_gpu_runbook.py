@@ -62,11 +62,32 @@ def test_b_dry_run_trains_both_schemes_with_depth_tracking_and_counts_epochs(tmp
     assert {r["tokens"] for r in res["runs"].values()} == {192} and all(r["finished"] for r in res["runs"].values())
     assert res["corpus"]["train_tokens"] > 0 and res["corpus"]["epochs"] == pytest.approx(192 / res["corpus"]["train_tokens"])
     assert res["compare_summary"]["settings"]["schemes"] == ["pre", "lns"]
+    # the regime's defaults (weight decay 0.1, AdamW; seq 1024 on the GPU, the toy's 32 here) reach every run
+    assert res["plan"]["regime"] == {"weight_decay": 0.1, "seq_len": 32, "optimizer": "adamw"}
+    trained = res["compare_summary"]["settings"]["train"]
+    assert (trained["weight_decay"], trained["optimizer"]) == (0.1, "adamw")
     names = members(tmp_path / "out" / "b-results.tar.gz")
     assert "compare/summary.json" in names and not any("checkpoint" in n for n in names)
     for scheme in ("pre", "lns"):
         metrics = [n for n in names if n.startswith(f"compare/runs/{scheme}") and n.endswith("metrics.jsonl")]
         assert metrics, names
+
+
+def test_b_takes_the_regime_as_flags_with_the_papers_batch_in_tokens(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
+    try:
+        from b_science_compare import compare_cmd, parse_args
+    finally:
+        sys.path.pop(0)
+    for argv, batch, micro in (([], 128, 16), (["--seq-len", "256"], 512, 64), (["--seq-len", "2048"], 64, 8)):
+        args = parse_args([*argv, "--out", str(tmp_path)])
+        assert (args.batch_size, args.micro_batch_size, args.batch_size * args.seq_len) == (batch, micro, 131_072)
+    args = parse_args(["--optimizer", "muon", "--weight-decay", "0", "--out", str(tmp_path)])
+    cmd = compare_cmd(args, {"preset": "llama-130m", "steps": 10, "seq_len": args.seq_len, "batch_size": args.batch_size,
+                             "micro_batch_size": args.micro_batch_size}, tmp_path / "cmp")
+    flags = dict(zip(cmd, cmd[1:]))
+    assert (flags["--optimizer"], flags["--weight-decay"], flags["--seq-len"], flags["--batch-size"]) == \
+        ("muon", "0.0", "1024", "128")
 
 
 def test_c_dry_run_diagnoses_at_two_token_counts(tmp_path):

@@ -1,4 +1,4 @@
-"""Runbook (b): the science run: ``compare --schemes pre,lns`` with depth tracking on the long corpus.
+"""Runbook (b): the science run: ``compare --schemes pre,lns`` with depth tracking on the long corpus, in a regime.
 
 On the device machine (budget 430 s, a hard deadline: at most ~7.5 minutes with the transfers; see
 benchmarks/gpu/README.md for the call and its carry):
@@ -6,18 +6,24 @@ benchmarks/gpu/README.md for the call and its carry):
 Dry run (CI, seconds on a CPU: a 2-block model, 3 steps on the built-in corpus):
     python3 benchmarks/gpu/b_science_compare.py --device cpu --out /tmp/b
 
+The regime is three flags (issue 47: depth use depends on it; the paper's group reports more use of the deep layers
+at weight decay 0.1 than 0 and at sequences of 2048 than 256, arXiv 2603.15389): ``--weight-decay`` (default 0.1),
+``--seq-len`` (default 1024) and ``--optimizer`` (adamw, the default: decoupled decay; adam; muon). The batch keeps
+the paper's 131,072 tokens a step whatever the sequence length (``--batch-size`` default 131,072 / seq len: 128
+sequences at 1024, the paper's 512 at 256), in micro-batches of 16,384 tokens; b.json's plan records the regime.
+
 What it runs: ``llama-130m`` (the paper's 130M shape; the vocabulary of the corpus's tokenizer, bpe:16384), pre and
 lns side by side on the one GPU (``compare --jobs 2``: their compiles, evaluations and diagnoses overlap, and each
-fills the other's idle moments), bf16 autocast, compiled, the paper's batch (512 x 256 tokens, in micro-batches of
-64), depth tracking on (angular distance, contribution, norm gain and variance at 20 probes; the removal sweep at
-every 4th), then each run's diagnosis at the paper's 262,144 tokens (on the GPU, fp32 weights) and the report.
+fills the other's idle moments), bf16 autocast, compiled, the paper's batch in tokens (above), depth tracking on
+(angular distance, contribution, norm gain and variance at 20 probes; the removal sweep at every 4th), then each
+run's diagnosis at the paper's 262,144 tokens (on the GPU, fp32 weights) and the report.
 The number of steps is fixed before training: ``--train-s`` (default: ``--budget-s`` less 130 s, i.e. 300) x
 ``--tokens-per-s`` per run side by side (default 180,000: the H200's 455,000 tokens/s of one compiled llama-130m
-run at seq 256 (2026-11-26), halved, less a fifth for the probes, evaluations and the two processes taking turns;
-pass half of what call (a) measured for ``lns+bf16+compile``, less a fifth) / 131,072 tokens a step. Expected:
-~410 steps, ~54M tokens per scheme, 1.5 epochs of the whole corpus (35.4M training tokens), 2.1 of the first part
-alone. If training outruns the budget anyway, the compare is stopped at the deadline and the depth-tracking
-series written so far still come back.
+run at seq 256 and 448,000 at seq 1024 (2026-11-26), halved, less a fifth for the probes, evaluations and the two
+processes taking turns; pass half of what call (a) measured for ``lns+bf16+compile``, less a fifth) / 131,072 tokens
+a step. Expected: ~410 steps, ~54M tokens per scheme, 1.5 epochs of the whole corpus (35.4M training tokens), 2.1 of
+the first part alone. If training outruns the budget anyway, the compare is stopped at the deadline and the
+depth-tracking series written so far still come back.
 
 The corpus: ``.gpu/b/corpus`` holds the tokenizer, the held-out split and training part 0 (48 MiB, 25.2M tokens);
 part 1 (19.5 MiB, 10.2M tokens) came with call (a) and waits in /tmp/depthlab-gpu/stash when the machine stayed
@@ -46,6 +52,8 @@ H200_BF16_PEAK = 989.4e12  # dense bf16 FLOP/s of an H100 SXM / H200 (benchmarks
 #: packing 5 s, and a margin.
 OVERHEAD_S = 130.0
 DRY_MODEL = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64"]
+STEP_TOKENS = 512 * 256  # the paper's batch in tokens, kept at every sequence length
+MICRO_TOKENS = 64 * 256  # tokens per micro-batch (64 sequences of 256 fit an H100 at llama-130m)
 
 
 def assemble_corpus(carried: Path, stash: Path, dest: Path) -> dict:
@@ -84,9 +92,10 @@ def sha256(path: Path) -> str:
 
 def plan(args) -> dict:
     """Steps and tokens per scheme from the training time and the throughput estimate (see the docstring)."""
+    regime = {"weight_decay": args.weight_decay, "seq_len": args.seq_len, "optimizer": args.optimizer}
     if args.dry:
         return {"preset": "tiny", "seq_len": 32, "batch_size": 2, "micro_batch_size": 2, "steps": 3,
-                "tokens_per_scheme": 3 * 2 * 32, "estimate": "dry run"}
+                "tokens_per_scheme": 3 * 2 * 32, "estimate": "dry run", "regime": {**regime, "seq_len": 32}}
     import depthlab
     from depthlab.models.decoder import num_params
 
@@ -97,6 +106,7 @@ def plan(args) -> dict:
     steps = max(10, int(args.train_s * args.tokens_per_s / step_tokens))
     return {"preset": args.preset, "vocab_size": cfg.vocab_size, "seq_len": args.seq_len, "batch_size": args.batch_size,
             "micro_batch_size": args.micro_batch_size, "steps": steps, "tokens_per_scheme": steps * step_tokens,
+            "regime": regime,
             "flops_per_token": flops, "estimate": f"{args.tokens_per_s:,.0f} tokens/s per run side by side "
             f"({2 * args.tokens_per_s * flops / H200_BF16_PEAK:.0%} MFU for the two) x {args.train_s:.0f} s"}
 
@@ -114,7 +124,7 @@ def compare_cmd(args, p: dict, out: Path) -> list[str]:
     cmd = [sys.executable, "-m", "depthlab", "compare", "--schemes", "pre,lns", "--preset", p["preset"],
            "--data", args.data, "--steps", str(p["steps"]), "--seq-len", str(p["seq_len"]), "--batch-size",
            str(p["batch_size"]), "--micro-batch-size", str(p["micro_batch_size"]), "--track-depth", "--track-removal",
-           "--ckpt-every", "0", "--out", str(out)]
+           "--weight-decay", str(args.weight_decay), "--optimizer", args.optimizer, "--ckpt-every", "0", "--out", str(out)]
     if args.dry:
         return cmd + DRY_MODEL + ["--tokenizer", "bytes", "--device", "cpu", "--dtype", "fp32", "--eval-tokens",
                                   "256", "--diag-tokens", "256", "--diag-seq-len", "32", "--no-jacobian"]
@@ -150,19 +160,34 @@ def pack(cmp_dir: Path, dest: Path) -> None:
                 tar.add(path, arcname=str(Path("compare") / rel))
 
 
-def main(argv: list[str] | None = None) -> int:
-    def add(p):
-        p.add_argument("--data", default=None, help="training corpus (default: the carried open-english shards, "
-                       "assembled in /tmp/depthlab-gpu/corpus; else builtin)")
-        p.add_argument("--preset", default="llama-130m", help="model shape (default llama-130m)")
-        p.add_argument("--train-s", type=float, default=None, help=f"training seconds of the side-by-side runs (default: "
-                       f"--budget-s less {OVERHEAD_S:.0f} s for start-up, compiles, evaluations, diagnoses and the report)")
-        p.add_argument("--tokens-per-s", type=float, default=180_000.0, help="expected tokens/s of each run side by side")
-        p.add_argument("--seq-len", type=int, default=256)
-        p.add_argument("--batch-size", type=int, default=512, help="global batch in sequences (paper: 512)")
-        p.add_argument("--micro-batch-size", type=int, default=64)
+def add_flags(p) -> None:
+    """The script's own flags (besides common.parse's)."""
+    p.add_argument("--data", default=None, help="training corpus (default: the carried open-english shards, "
+                   "assembled in /tmp/depthlab-gpu/corpus; else builtin)")
+    p.add_argument("--preset", default="llama-130m", help="model shape (default llama-130m)")
+    p.add_argument("--train-s", type=float, default=None, help=f"training seconds of the side-by-side runs (default: "
+                   f"--budget-s less {OVERHEAD_S:.0f} s for start-up, compiles, evaluations, diagnoses and the report)")
+    p.add_argument("--tokens-per-s", type=float, default=180_000.0, help="expected tokens/s of each run side by side")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="the regime's weight decay (default 0.1)")
+    p.add_argument("--seq-len", type=int, default=1024, help="the regime's sequence length (default 1024)")
+    p.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "muon"),
+                   help="the regime's optimizer (default adamw: decoupled weight decay)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"global batch in sequences (default {STEP_TOKENS:,} tokens / --seq-len: the paper's 512 x 256)")
+    p.add_argument("--micro-batch-size", type=int, default=None,
+                   help=f"sequences per micro-batch (default {MICRO_TOKENS:,} tokens / --seq-len)")
 
-    args = parse("b", __doc__.split("\n\n")[0], argv, add, budget_s=430.0)
+
+def parse_args(argv: list[str] | None):
+    """The flags, with the batch (in sequences) and the micro-batch defaulted from the sequence length."""
+    args = parse("b", __doc__.split("\n\n")[0], argv, add_flags, budget_s=430.0)
+    args.batch_size = args.batch_size or max(1, STEP_TOKENS // args.seq_len)
+    args.micro_batch_size = args.micro_batch_size or max(1, min(args.batch_size, MICRO_TOKENS // args.seq_len))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     args.train_s = args.train_s if args.train_s is not None else max(30.0, args.budget_s - OVERHEAD_S)
     sys.path[:0] = [str(REPO / "src"), str(SITE)]
     run = start(args, "b")
@@ -175,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     run.results["plan"] = p = plan(args)
     run.results["data"] = args.data
     cmp_dir = run.work / "compare"
+    run.note(f"regime: {p['regime']}")
     run.sh("compare pre,lns", compare_cmd(args, p, cmp_dir), args.budget_s)
     run.results["compare_summary"] = read_json(cmp_dir / "summary.json")
     run.results["runs"] = runs_measured(cmp_dir, p.get("flops_per_token"))

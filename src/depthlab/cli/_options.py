@@ -35,7 +35,7 @@ from depthlab.base.errors import DepthlabError, choices, first_line
 
 #: Keys of a run's config.json that record where it came from, not how to run it (skipped by --config).
 PROVENANCE_KEYS = ("versions", "command", "command_resume", "world_size", "family", "data_fingerprint", "tokenizer",
-                   "resume_changes", "init_from", "finetune", "pruned", "defaulted")
+                   "resume_changes", "init_from", "finetune", "pruned", "defaulted", "optimizer_split")
 
 
 # ---------------------------------------------------------------------------------------------- help texts
@@ -216,6 +216,8 @@ def _typed(action: argparse.Action, key: str, value: Any) -> Any:
             return value if isinstance(value, bool) else word
         raise ValueError(f"{key} must be true or false, got {value!r}")
     if isinstance(action, argparse._AppendAction):  # --set KEY=VALUE, repeatable: one string or a list of them
+        if isinstance(value, dict):  # or a mapping: {n_layers: 8} -> n_layers=8, {seq_len: [256, 1024]} -> seq_len=256,1024
+            value = [f"{k}={','.join(str(v) for v in vs) if isinstance(vs, list) else vs}" for k, vs in value.items()]
         value = [value] if isinstance(value, str) else value
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{key} must be a list of strings, got {value!r}")

@@ -7,7 +7,7 @@ import argparse
 from depthlab.analysis.diagnostics.options import DiagnoseOptions
 from depthlab.cli._args import schemes_epilog
 from depthlab.cli._options import Section, add_config_flag
-from depthlab.compare.config import CompareConfig, Downstream, diagnose_defaults
+from depthlab.compare.config import SWEEP_KEYS, CompareConfig, Downstream, diagnose_defaults, parse_sweep
 from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, WEIGHT_DTYPES, TrainConfig
 
 USAGE = """\
@@ -20,12 +20,17 @@ examples:
   depthlab compare --preset vit-tiny --data digits --schemes pre,layerscale,lns:position=after-branch,lns \\
       --steps 600 --out cmp/vit           # ViTs: held-out top-1 accuracy instead of perplexity
   depthlab compare --config compare.yaml --out cmp/x     # any option below from a YAML/JSON file
+  depthlab compare --schemes pre,lns --seeds 0,1 --sweep weight_decay=0,0.1 --sweep optimizer=adamw,muon \
+      --jobs 2 --out cmp/regimes          # the whole comparison per cell of the grid; one report across cells
 
 Every scheme gets the same seed, data order, token budget and hyper-parameters. Writes summary.json,
 summary.md (the paper's Table 1 shape), figures and report.html in --out; runs/<scheme>-seed<k>/ holds
 each run with its diagnostics. Run the same command again to resume an interrupted compare.
 --finetune DATA --eval TASKS then fine-tunes every run identically and scores it on the tasks
 (summary.md gains the paper's Table 2 shape: accuracy per task, average, Δ vs the baseline).
+--sweep KEY=V1,V2 (repeatable; keys: weight_decay, seq_len, optimizer, lr, depth) runs the comparison once per
+cell of the grid, each cell a compare under cells/<cell>/, and writes one report across the cells (a table per
+cell, a figure per measure); in a --config file: sweep: {weight_decay: [0, 0.1], seq_len: [256, 1024]}.
 """
 
 #: The flags, each derived from a field of the settings (``depthlab.cli._options``).
@@ -65,6 +70,10 @@ def register(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_compare_arguments(p)
     DOWNSTREAM.add_to(p)
+    p.add_argument_group("regime sweep").add_argument(
+        "--sweep", action="append", metavar="KEY=V1,V2", dest="sweep",
+        help=f"run the comparison once per value (repeatable: the grid of every --sweep); keys: {', '.join(SWEEP_KEYS)} "
+             "(depth = n_layers), e.g. --sweep weight_decay=0,0.1 --sweep seq_len=256,1024")
     p.set_defaults(func=main)
 
 
@@ -84,8 +93,14 @@ def build_config(args) -> CompareConfig:
         train["data"] = "digits" if kind_of_preset(given.get("preset", "tiny")).name == "vit" else "builtin"
     preset = given.get("preset", "tiny")
     diagnose = DiagnoseOptions(**{**diagnose_defaults(preset, train["data"]), **DIAGNOSE.given(args), "progress": False})
+    sweep = parse_sweep(getattr(args, "sweep", None))
+    for key in sweep:
+        section, name, _ = SWEEP_KEYS[key]
+        if name in (train if section == "train" else parse_overrides(args.model_set)):
+            flag = f"--{name.replace('_', '-')}" if section == "train" else f"--set {name}"
+            raise DepthlabError(f"{flag} and --sweep {key} both set {name}; give one")
     return CompareConfig(**given, model_overrides=parse_overrides(args.model_set), train=TrainConfig(**train),
-                         diagnose=diagnose, downstream=Downstream(**DOWNSTREAM.given(args)))
+                         diagnose=diagnose, downstream=Downstream(**DOWNSTREAM.given(args)), sweep=sweep)
 
 
 def run_and_print(cfg: CompareConfig, out: str, command: str) -> int:
@@ -106,7 +121,8 @@ def run_and_print(cfg: CompareConfig, out: str, command: str) -> int:
     path.mkdir(parents=True, exist_ok=True)  # to lock it; the CLI removes it again if the compare fails at once
     with RunLock(path):  # one writer: a second compare on the same --out stops here, nothing touched
         result = compare(cfg, out, command=command, on_run=progress)
-    print(markdown_table(result["table"]))
+    for entry in result.get("cells", [{"table": result.get("table")}]):
+        print(f"\ncell {entry['cell']}:" if "cell" in entry else "", markdown_table(entry["table"]), sep="\n")
     print(f"\nreport: {out.rstrip('/')}/report.html   (table: summary.md, numbers: summary.json)")
     return 0
 

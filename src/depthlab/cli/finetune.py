@@ -39,8 +39,8 @@ TRAIN = Section("train", TrainConfig, exclude=("tokenizer", "val_data", "text_fi
                 choices={"optimizer": OPTIMIZERS, "dtype": DTYPES, "dist": DIST_MODES, "weights": WEIGHT_DTYPES},
                 helps={"dtype": "compute precision: auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 (with --weights auto: "
                                 "bf16 weights, no fp32 copy) (default auto)",
-                       "weights": "weight dtype: auto (bf16 with --dtype bf16, else fp32) | fp32 (with --dtype bf16: "
-                                  "autocast over fp32 weights) | bf16",
+                       "weights": "weight dtype: auto (bf16 with --dtype bf16, else fp32; fp32 with --optimizer muon) | "
+                                  "fp32 (with --dtype bf16: autocast over fp32 weights) | bf16",
                        "data": "builtin-sft | FILE.json | FILE.jsonl (Alpaca or chat records)",
                        "pack": "pack examples into rows (default: one padded example per row)",
                        "steps": "optimizer steps (default: 3 epochs)",

@@ -4,6 +4,12 @@
     cfg.schemes           # [SchemeSpec("pre"), SchemeSpec("lns", {"position": "after-branch"})]: parsed once, here
     cfg.validate()        # every scheme variant, preset, model and training setting checked before any run
 
+A regime sweep (``sweep``) runs the whole comparison once per cell of a grid of training settings, each cell its own
+compare under ``cells/`` (:mod:`depthlab.compare.sweep`)::
+
+    cfg = CompareConfig(schemes=["pre", "lns"], sweep={"weight_decay": [0, 0.1], "seq_len": [256, 1024]})
+    [c.label for c in cfg.cells()]   # ["weight_decay=0 seq_len=256", "weight_decay=0 seq_len=1024", ...]
+
 A scheme variant is parsed once, when the settings are made (:func:`depthlab.models.schemes.parse_scheme_spec`);
 everything downstream (run names and directories, model configs, tables) reads the parsed
 :class:`~depthlab.models.schemes.SchemeSpec`. ``compare.json`` records each variant as its label
@@ -76,6 +82,89 @@ def diagnose_defaults(preset: str, train_data: str | None) -> dict[str, Any]:
     return {"tokens": 16384, "progress": False, **({"data": train_data} if lm and train_data else {})}
 
 
+#: What a sweep may vary: key -> (section, field, the value's type). ``depth`` is the model's ``n_layers``.
+SWEEP_KEYS: dict[str, tuple[str, str, type]] = {
+    "weight_decay": ("train", "weight_decay", float),
+    "seq_len": ("train", "seq_len", int),
+    "optimizer": ("train", "optimizer", str),
+    "lr": ("train", "lr", float),
+    "depth": ("model", "n_layers", int),
+}
+
+
+def _sweep_value(key: str, text: Any) -> Any:
+    """One value of sweep axis ``key`` as its type (from text or a config file's number), or DepthlabError."""
+    kind = SWEEP_KEYS[key][2]
+    raw = text.strip() if isinstance(text, str) else text
+    if raw == "" or raw is None:
+        raise DepthlabError(f"--sweep {key}: an empty value; give comma-separated values, e.g. --sweep {key}=a,b")
+    try:
+        if isinstance(raw, bool):
+            raise ValueError
+        value = kind(raw) if kind is not int else int(float(raw)) if float(raw).is_integer() else None
+    except (TypeError, ValueError):
+        value = None
+    if value is None:
+        what = {int: "an integer", float: "a number", str: "a name"}[kind]
+        raise DepthlabError(f"--sweep {key}: {raw!r} is not {what}")
+    return value
+
+
+def parse_sweep(given: Any) -> dict[str, list[Any]]:
+    """``{key: [values]}`` from ``["weight_decay=0,0.1", ...]`` (the repeatable flag) or a mapping
+    ``{weight_decay: [0, 0.1]}`` (a config file, the library): keys of :data:`SWEEP_KEYS`, values typed, none empty,
+    none repeated. DepthlabError (one line) names what is wrong."""
+    if not given:
+        return {}
+    if isinstance(given, dict):
+        pairs = [(k, v if isinstance(v, (list, tuple)) else str(v).split(",")) for k, v in given.items()]
+    elif isinstance(given, (list, tuple)) and all(isinstance(g, str) for g in given):
+        pairs = []
+        for text in given:
+            key, sep, values = text.partition("=")
+            if not sep or not key.strip():
+                raise DepthlabError(f"--sweep expects KEY=V1,V2,..., got {text!r}")
+            pairs.append((key, values.split(",")))
+    else:
+        raise DepthlabError(f"--sweep takes KEY=V1,V2 strings or a mapping of keys to lists, got {given!r}")
+    out: dict[str, list[Any]] = {}
+    for key, values in pairs:
+        key = str(key).strip().replace("-", "_")
+        if key not in SWEEP_KEYS:
+            raise DepthlabError(f"unknown sweep key {key!r}; {choices(SWEEP_KEYS)}")
+        if key in out:
+            raise DepthlabError(f"--sweep {key} given twice; list all its values in one --sweep {key}=a,b")
+        typed = [_sweep_value(key, v) for v in values]
+        if not typed:
+            raise DepthlabError(f"--sweep {key}: no values; give comma-separated values, e.g. --sweep {key}=a,b")
+        dupes = sorted({str(v) for v in typed if typed.count(v) > 1})
+        if dupes:
+            raise DepthlabError(f"--sweep {key}: value {', '.join(dupes)} listed twice; list each value once")
+        out[key] = typed
+    return out
+
+
+def _shown(value: Any) -> str:
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of a sweep: a value per swept key."""
+
+    values: tuple[tuple[str, Any], ...]  # (key, value) in the sweep's key order
+
+    @property
+    def label(self) -> str:
+        """``weight_decay=0.1 seq_len=256`` (tables and figures)."""
+        return " ".join(f"{k}={_shown(v)}" for k, v in self.values)
+
+    @property
+    def dirname(self) -> str:
+        """``weight_decay-0.1_seq_len-256`` (its compare directory under cells/)."""
+        return "_".join(f"{k}-{_shown(v)}" for k, v in self.values).replace("/", "-")
+
+
 @dataclass
 class CompareConfig:
     """Every (scheme variant, seed) run is trained with ``train``, diagnosed with ``diagnose`` and, when
@@ -89,12 +178,15 @@ class CompareConfig:
     train: TrainConfig = field(default_factory=TrainConfig)  # shared training settings (seed set per run)
     diagnose: DiagnoseOptions | None = None  # None: 16384 tokens of the training data's held-out text (diagnose_defaults)
     downstream: Downstream = field(default_factory=Downstream)  # --finetune / --eval (compare.downstream)
+    sweep: dict[str, list[Any]] = field(default_factory=dict)  # regime grid: key -> values (SWEEP_KEYS); {}: one cell
 
     def __post_init__(self) -> None:
-        """Each scheme variant given as text is parsed, once: an unknown scheme or option fails here, in one line."""
+        """Each scheme variant given as text is parsed, once: an unknown scheme or option fails here, in one line;
+        so is the sweep."""
         from depthlab.models.schemes import SchemeSpec, parse_scheme_spec
 
         self.schemes = [s if isinstance(s, SchemeSpec) else parse_scheme_spec(s) for s in self.schemes]
+        self.sweep = parse_sweep(self.sweep)
         if self.diagnose is None:
             self.diagnose = DiagnoseOptions(**diagnose_defaults(self.preset, self.train.data))
 
@@ -133,6 +225,25 @@ class CompareConfig:
             model_cfg = self.model_config(spec)
             train_family(model_cfg).resolve_train(self.train, model_cfg)
         self.downstream.validate(kind_of(self.model_config(self.schemes[0])).name)
+        if "depth" in self.sweep and "n_layers" in self.model_overrides:
+            raise DepthlabError("--sweep depth and --set n_layers both set the depth; give one")
+        for cell in self.cells() if self.sweep else ():
+            self.cell_config(cell).validate()  # every cell's settings (optimizer, seq_len vs the model) checked now
+
+    def cells(self) -> list[Cell]:
+        """Every cell of the sweep, the first key varying slowest ([] without a sweep)."""
+        import itertools
+
+        keys = list(self.sweep)
+        return [Cell(tuple(zip(keys, combo))) for combo in itertools.product(*self.sweep.values())] if keys else []
+
+    def cell_config(self, cell: Cell) -> "CompareConfig":
+        """The compare of one cell: these settings with the cell's values, no sweep."""
+        train, model = {}, dict(self.model_overrides)
+        for key, value in cell.values:
+            section, name, _ = SWEEP_KEYS[key]
+            (train if section == "train" else model)[name] = value
+        return dataclasses.replace(self, train=self.train.replace(**train), model_overrides=model, sweep={})
 
     def model_config(self, scheme: SchemeSpec) -> Any:
         """The model of one scheme variant: the preset, the overrides and the variant's options."""
@@ -150,4 +261,6 @@ class CompareConfig:
         d.pop("jobs")  # how runs are scheduled, not what they are (a compare may resume with other --jobs)
         if not self.downstream.active:
             d.pop("downstream")  # settings of compares without it stay as they were (resume)
+        if not self.sweep:
+            d.pop("sweep")  # likewise
         return d

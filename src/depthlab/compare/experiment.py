@@ -35,7 +35,7 @@ from depthlab.base.fileio import publish_dir, write_json_atomic, write_text_atom
 from depthlab.base.progress import duration, progress, user_logging
 from depthlab.base.store.checkpoint import list_checkpoints
 from depthlab.compare.config import CompareConfig
-from depthlab.compare.curves import compare_tracking_markdown
+from depthlab.compare.curves import compare_tracking_markdown, run_metrics
 from depthlab.compare.downstream import downstream_markdown, downstream_table, run_downstream
 from depthlab.compare.parallel import run_in_parallel
 from depthlab.compare.table import COLUMNS, markdown_table, resolved_run_config
@@ -94,8 +94,17 @@ def train_and_diagnose(cfg: CompareConfig, scheme: SchemeSpec, seed: int, run_di
     return run_name(scheme, seed)
 
 
-def run_row(scheme: SchemeSpec, seed: int, summary: dict, report: dict) -> dict[str, Any]:
-    """One table row, straight from a run's summary.json and its diagnostics report.json."""
+def deep_mean_of(values: list[float | None] | None, deep: list[int]) -> float | None:
+    """Mean of ``values`` (per block, 1-based ``deep``) over the deep blocks that were measured (None entries: not
+    measurable, e.g. a removal a scheme cannot make); None when none was."""
+    got = [values[l - 1] for l in deep if values is not None and l <= len(values) and values[l - 1] is not None]
+    return statistics.fmean(got) if got else None
+
+
+def run_row(scheme: SchemeSpec, seed: int, summary: dict, report: dict,
+            probe: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One table row, straight from a run's summary.json, its diagnostics report.json and (``probe``) its last
+    depth probe in metrics.jsonl (the deepest third's contribution ‖x^{l+1} − x^l‖ / ‖x^l‖)."""
     adjacent = report["angular"]["adjacent"]
     deep = deepest_third(len(adjacent))
     row = {
@@ -108,10 +117,19 @@ def run_row(scheme: SchemeSpec, seed: int, summary: dict, report: dict) -> dict[
         "tokens": summary["tokens"], "wall_s": summary["wall_s"],
     }
     if "removal" in report:
-        row["deep_removal_drop"] = statistics.fmean(report["removal"]["delta_loss"][l - 1] for l in deep)
+        row["deep_removal_drop"] = deep_mean_of(report["removal"]["delta_loss"], deep)
         if "delta_accuracy" in report["removal"]:
-            row["deep_removal_acc_drop"] = statistics.fmean(report["removal"]["delta_accuracy"][l - 1] for l in deep)
+            row["deep_removal_acc_drop"] = deep_mean_of(report["removal"]["delta_accuracy"], deep)
+    contribution = deep_mean_of((probe or {}).get("layer_contribution"), deep)
+    if contribution is not None:
+        row["deep_contribution"] = contribution
     return row
+
+
+def last_probe(run_dir: Path) -> dict[str, Any] | None:
+    """The run's last depth probe with per-block contributions (a metrics.jsonl line), None without one."""
+    lines = [r for r in run_metrics(run_dir) if "layer_contribution" in r]
+    return lines[-1] if lines else None
 
 
 def aggregate(rows: list[dict[str, Any]], schemes: list[str]) -> list[dict[str, Any]]:
@@ -153,7 +171,7 @@ def _changed_settings(saved: dict[str, Any], now: dict[str, Any], prefix: str = 
     return changed
 
 
-RUN_SET = ("schemes", "seeds")  # which runs a compare holds, not how each is trained
+RUN_SET = ("schemes", "seeds", "sweep")  # which runs a compare holds, not how each is trained
 
 
 def check_compare_dir(cfg: CompareConfig, out: str | Path) -> None:
@@ -165,6 +183,9 @@ def check_compare_dir(cfg: CompareConfig, out: str | Path) -> None:
     if saved_path.is_file():
         saved = dict(json.loads(saved_path.read_text()).get("settings") or {})
         now = json.loads(json.dumps(cfg.to_dict()))
+        if bool(saved.get("sweep")) != bool(now.get("sweep")):
+            held = "a sweep (--sweep)" if saved.get("sweep") else "a compare without --sweep"
+            raise DepthlabError(f"{str(out)!r} holds {held}; give another --out or the same kind of compare to resume it")
         for key in RUN_SET:  # each run is the shared settings + its scheme + its seed: the set may grow or shrink
             saved.pop(key, None), now.pop(key, None)
         changed = _changed_settings(saved, now)
@@ -173,6 +194,15 @@ def check_compare_dir(cfg: CompareConfig, out: str | Path) -> None:
                                 f"give another --out or the same settings to resume it")
     elif out.exists() and any(p.name != ".lock" for p in out.iterdir()):  # .lock: the CLI's run lock
         raise DepthlabError(f"output directory {str(out)!r} exists and is not a compare; give a new --out")
+
+
+def open_compare_dir(cfg: CompareConfig, out: Path, command: str | None) -> dict[str, Any]:
+    """Check ``out`` (:func:`check_compare_dir`), create it and write compare.json; returns the settings written."""
+    settings = cfg.to_dict()
+    check_compare_dir(cfg, out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "compare.json", {"settings": settings, "command": command})
+    return settings
 
 
 def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, command: str | None = None,
@@ -191,11 +221,7 @@ def _compare(cfg: CompareConfig, out_dir: str | Path, quiet: bool, command: str 
              on_run: Callable[[str, int, dict], None] | None) -> dict[str, Any]:
     cfg.validate()
     out = Path(out_dir)
-    settings = cfg.to_dict()
-    saved_path = out / "compare.json"
-    check_compare_dir(cfg, out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(saved_path, {"settings": settings, "command": command})
+    settings = open_compare_dir(cfg, out, command)
 
     every = [(sc, seed, out / "runs" / run_dirname(sc, seed)) for seed in cfg.seeds for sc in cfg.schemes]
     todo = [run for run in every if not (run[2] / "diagnostics" / "report.json").is_file()]
@@ -218,7 +244,7 @@ def _compare(cfg: CompareConfig, out_dir: str | Path, quiet: bool, command: str 
             report = _diagnose_run(cfg, run_dir, command)
             if name not in fresh and (scheme, seed, run_dir) in todo:
                 finished(name)
-            row = run_row(scheme, seed, summary, report)
+            row = run_row(scheme, seed, summary, report, last_probe(run_dir))
             if cfg.downstream.active:
                 row["downstream"] = run_downstream(cfg.downstream, run_dir, seed, cfg.train.device, quiet, command)
             rows.append(row)

@@ -11,7 +11,7 @@ from depthlab.base import htmlpage as H
 from depthlab.base.fileio import write_text_atomic
 from depthlab.compare.curves import first_seed_runs, run_metrics, tracked_series
 from depthlab.compare.downstream import downstream_html
-from depthlab.compare.table import COLUMNS, format_cell, resolved_run_config, shown_columns
+from depthlab.compare.table import COLUMNS, format_cell, measure_rows, resolved_run_config, shown_columns
 from depthlab.models.schemes import BASELINE_SCHEME
 
 
@@ -120,3 +120,42 @@ def setup_rows(result: dict[str, Any], out: Path) -> list[tuple[str, Any]]:
 def _summary_of(run_dir: Path) -> str:
     path = run_dir / "diagnostics" / "report.json"
     return json.loads(path.read_text()).get("summary", "") if path.is_file() else ""
+
+
+# ---------------------------------------------------------------------------------------------- a regime sweep
+def write_sweep_report(result: dict[str, Any], out: str | Path, measures: tuple[str, ...]) -> dict[str, str]:
+    """One figure per measure across the cells of a sweep (``depthlab.compare.sweep``) and ``out/report.html``:
+    those figures, then every cell's table (compare's columns, mean ± std over seeds) with a link to its own report."""
+    out = Path(out)
+    labels = [e["cell"] for e in result["cells"]]
+    figs: dict[str, str] = {}
+    for key in measures:
+        schemes, by_scheme = measure_rows(result)
+        series = {s: [(row.get(key), row.get(key + "_std")) for row in by_scheme[s]] for s in schemes}
+        if any(m is not None for points in series.values() for m, _ in points):
+            title = f"{COLUMNS[key][0]} per cell (mean over seeds, bar: std)"
+            figs[key] = P.across_cells(labels, series, COLUMNS[key][0], title, out / f"{key}_across_cells.png").name
+    write_text_atomic(out / "report.html", render_sweep(result, out, figs))
+    return figs
+
+
+def render_sweep(result: dict[str, Any], out: Path, figs: dict[str, str]) -> str:
+    s = result["settings"]
+    sweep = ", ".join(f"{k} ∈ {{{', '.join(str(v) for v in values)}}}" for k, values in result["sweep"].items())
+    body = [f"<h1>depthlab compare sweep — {H.esc(', '.join(s['schemes']))} on {H.esc(s['preset'])}</h1>",
+            f"<p>{H.esc(sweep)}: {len(result['cells'])} cells, each training every scheme with seeds "
+            f"{H.esc(s['seeds'])} on the same data order, then diagnosing them on the same held-out text. "
+            "Deepest third = the last max(1, round(L/3)) blocks.</p>"]
+    for key, name in figs.items():
+        body += [f"<h2>{H.esc(COLUMNS[key][0])}</h2>", H.img(out / name, COLUMNS[key][0])]
+    for entry in result["cells"]:
+        body.append(f'<h2>cell {H.esc(entry["cell"])} <span class="muted">(<a href="{H.esc(entry["dir"])}/report.html">'
+                    "its report</a>)</span></h2>")
+        if "error" in entry:
+            body.append(f"<p>failed: {H.esc(entry['error'])}</p>")
+            continue
+        keys = shown_columns(entry["table"])
+        body.append(H.table(["scheme", *(COLUMNS[k][0] for k in keys)],
+                            [[row["scheme"], *(format_cell(row, k) for k in keys)] for row in entry["table"]]))
+    body += ["<h2>Reproduce</h2>", f"<pre>{H.esc(result.get('command') or '(library call)')}</pre>"]
+    return H.page(f"depthlab compare sweep — {', '.join(s['schemes'])}", body)

@@ -107,13 +107,15 @@ def _ended(proc: Any, conn: Any, label: str) -> str | None:
 
 def run_in_parallel(work: Callable[..., str], cfg: Any, todo: list[tuple[str, int, Path]], jobs: int,
                     command: str | None, label: Callable[[str, int], str] = lambda s, seed: f"{s}-seed{seed}",
-                    on_done: Callable[[str], None] | None = None) -> None:
+                    on_done: Callable[[str], None] | None = None,
+                    on_fail: Callable[[str, str], None] | None = None) -> None:
     """``work(cfg, scheme, seed, run_dir, command)`` (a module-level function: workers import it by
     name) for every (scheme, seed, run_dir) of ``todo``, ``jobs`` at a time, each in its own process.
 
     A worker that fails or dies (``kill -9``, the OOM killer) stops only its own run: the others go on to the
     end, and then one DepthlabError names every run that did not finish (each resumes when the command is run
-    again: its checkpoints are kept). ``on_done(label)`` is called for every run that finished."""
+    again: its checkpoints are kept). ``on_done(label)`` is called for every run that finished, ``on_fail(label,
+    line)`` for every run that did not (before the error)."""
     if jobs < 2 or len(todo) < 2:
         return
     jobs = min(jobs, len(todo))
@@ -145,6 +147,8 @@ def run_in_parallel(work: Callable[..., str], cfg: Any, todo: list[tuple[str, in
                 else:
                     log.warning("%s", why)
                     failed.append(why)
+                    if on_fail is not None:
+                        on_fail(name, why)
     finally:
         for proc, _, _ in running.values():  # interrupted (Ctrl-C, an error here): no orphan keeps training
             proc.terminate()

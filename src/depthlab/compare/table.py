@@ -24,6 +24,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "last_layer_variance": ("last-block output variance", "{:.3g}"),
     "deep_angular": ("angular dist. deepest third", "{:.3f}"),
     "deep_removal_drop": ("removal Δloss deepest third", "{:.4f}"),
+    "deep_contribution": ("contribution deepest third", "{:.3f}"),
     "deep_removal_acc_drop": ("removal Δacc deepest third (points)", "{:+.2f}"),
 }
 #: Columns stored as fractions (summary.json) and shown as percentages / points: one unit wherever a person reads
@@ -70,3 +71,15 @@ def resolved_run_config(result: dict[str, Any], out: Path) -> dict[str, Any]:
     if path is not None and path.is_file():
         return json.loads(path.read_text())
     return {"train": result["settings"]["train"], "model": {}}
+
+
+def measure_rows(result: dict[str, Any]) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
+    """A regime sweep's result (``depthlab.compare.sweep``) as (schemes, scheme -> its aggregated row in each cell,
+    ``{}`` where the cell failed): what each measure's table and figure across the cells read."""
+    schemes = result["settings"]["schemes"]
+    by_scheme: dict[str, list[dict[str, Any]]] = {s: [] for s in schemes}
+    for entry in result["cells"]:
+        rows = {r["scheme"]: r for r in entry.get("table", [])}
+        for s in schemes:
+            by_scheme[s].append(rows.get(s, {}))
+    return schemes, by_scheme

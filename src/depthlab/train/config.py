@@ -16,7 +16,7 @@ from depthlab.base.precision import PRECISIONS
 from depthlab.models.config import JsonConfig, ModelConfig
 from depthlab.models.presets import PAPER_DEFAULTS, TRAIN_DEFAULTS
 
-OPTIMIZERS = ("adam", "adamw")
+OPTIMIZERS = ("adam", "adamw", "muon")
 DTYPES = WEIGHT_DTYPES = PRECISIONS  # --dtype (compute precision) and --weights (weight dtype): one choice set
 DIST_MODES = ("none", "ddp", "fsdp")
 MAX_LR = 1e6  # larger learning rates overflow Adam's float32 arithmetic: refused as a typo
@@ -41,8 +41,8 @@ class TrainConfig(JsonConfig):
     lr: float | None = None  # peak learning rate
     warmup: float | None = None  # warm-up: a fraction of `steps` if < 1, else a number of steps
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio (paper 0.1)
-    optimizer: str = "adam"  # adam | adamw (paper: Adam, weight decay 0)
-    weight_decay: float = 0.0  # decoupled (adamw) or L2 (adam) weight decay (paper: 0)
+    optimizer: str = "adam"  # adam | adamw | muon (blocks' linear weights; AdamW the rest; same lr: docs/muon.md)
+    weight_decay: float = 0.0  # decoupled (adamw; muon: both parts) or L2 (adam) weight decay (paper: 0; Muon's usual: 0.1)
     beta1: float = 0.9  # Adam beta1
     beta2: float = 0.999  # Adam beta2
     adam_eps: float = 1e-8  # Adam epsilon
@@ -140,6 +140,9 @@ class TrainConfig(JsonConfig):
             raise ConfigError(f"unknown dist mode {self.dist!r}; {choices(DIST_MODES)}")
         if self.weights not in WEIGHT_DTYPES:
             raise ConfigError(f"unknown weights dtype {self.weights!r}; {choices(WEIGHT_DTYPES)}")
+        if self.optimizer == "muon" and self.weights == "bf16":
+            raise ConfigError("optimizer 'muon' does not run with weights 'bf16' (its update needs fp32 weights; bf16 "
+                              "weights keep no fp32 copy); give weights 'fp32' or optimizer 'adamw'")
         if self.weights == "bf16":
             for name, value, ok in (("dtype", self.dtype, ("auto", "bf16")), ("dist", self.dist, ("none",)),
                                     ("compile", self.compile, (None, False))):

@@ -187,8 +187,8 @@ def finetune(source: str | Path, train_cfg: TrainConfig, out: str | Path, *, res
 
     out = Path(out)
     train_cfg.check_given()  # a NaN lr, a negative seed, ...: before the source is loaded or the data read
-    if train_cfg.weights == "auto" and train_cfg.dtype == "bf16":
-        train_cfg = train_cfg.replace(weights="bf16")  # fine-tuning in bf16: bf16 weights, no fp32 copy
+    if train_cfg.weights == "auto" and train_cfg.dtype == "bf16" and train_cfg.optimizer != "muon":
+        train_cfg = train_cfg.replace(weights="bf16")  # fine-tuning in bf16: bf16 weights, no fp32 copy (Muon: fp32)
     if not resume:
         check_fresh_out(out)  # a run (continue it with --resume) or other files (choose another --out): said so
     dtype = torch.bfloat16 if train_cfg.weights == "bf16" else torch.float32  # bf16 weights: no fp32 copy

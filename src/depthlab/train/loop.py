@@ -43,7 +43,7 @@ from depthlab.train.data import TrainData
 from depthlab.train.evaluator import EvalResult, Evaluator
 from depthlab.train.family import TrainFamily, train_family
 from depthlab.train.metrics_log import MetricsLog
-from depthlab.train.optim import build_optimizer
+from depthlab.train.optim import build_optimizer, optimizer_record
 from depthlab.train.rundir import RESUME_KEYS, RunSetup, write_run_dir
 from depthlab.train.start import StartFrom
 from depthlab.train.step import (
@@ -134,11 +134,12 @@ def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bo
     n_params = family.kind.num_params(run.model_cfg)
     check_memory(n_params, run.cfg, device)  # weights, gradients and Adam state: before anything is written
     run = dataclasses.replace(run, cfg=run.cfg.replace(compile=choose_compile(run.cfg, device, n_params)))  # auto
+    record = {**(start.record if start else {}), **optimizer_record(run.cfg, lambda: family.family.build(run.model_cfg, "meta"))}
     data = start.load_data(run.cfg, run.tokenizer, env) if start else family.load_data(run, env)  # line; no writes
     guard.create()  # a fresh run's directory, locked; removed again if set-up fails
     if env.is_main:
         remove_stale_tmp(out)
-    config = write_run_dir(run, command, env, start.record if start else None)
+    config = write_run_dir(run, command, env, record or None)
     session = _start_session(family, run, data, config, device, env, None if start is None else start.state_dict)
     session.compile_auto, session.n_params = train_cfg.compile is None, n_params
     guard.keep()

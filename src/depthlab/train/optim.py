@@ -1,4 +1,7 @@
-"""Optimiser and learning-rate schedule: Adam/AdamW, linear warm-up then cosine to min_lr_ratio.
+"""Optimiser and learning-rate schedule: Adam/AdamW/Muon, linear warm-up then cosine to min_lr_ratio.
+
+``muon``: Muon for the hidden matrices and AdamW for the rest, one optimizer (:mod:`depthlab.train.muon`, which
+states the split rule and the update); the scheme's rules below apply to both parts.
 
 A scheme may declare trainer-side rules (``Scheme.optim_rules``: CompleteP's depth-scaled learning
 rates and epsilon): the parameters are grouped by their learning-rate multiplier (``lr_scale`` in each
@@ -9,6 +12,8 @@ param group, which ``set_lr`` applies to the schedule), and Adam's epsilon is mu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,18 +35,20 @@ def optim_rules(model: nn.Module) -> OptimRules:
     return get_scheme(model.cfg.scheme).optimizer_rules(model.cfg)
 
 
-def param_groups(model: nn.Module, rules: OptimRules) -> list[dict]:
-    """The model's parameters grouped by learning-rate multiplier, in order of first appearance."""
-    groups: dict[float, list[nn.Parameter]] = {}
+def param_groups(model: nn.Module, rules: OptimRules, muon: frozenset[str] = frozenset()) -> list[dict]:
+    """The model's parameters grouped by learning-rate multiplier (and, with ``muon``: the names Muon updates, by
+    whether Muon updates them), in order of first appearance."""
+    groups: dict[tuple[float, bool], list[nn.Parameter]] = {}
     for name, param in model.named_parameters():
-        groups.setdefault(float(rules.lr_scale(name)), []).append(param)
-    return [{"params": params, "lr_scale": scale} for scale, params in groups.items()]
+        groups.setdefault((float(rules.lr_scale(name)), name in muon), []).append(param)
+    return [{"params": params, "lr_scale": scale, **({"muon": is_muon} if muon else {})}
+            for (scale, is_muon), params in groups.items()]
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """Adam or AdamW with the config's betas/eps/weight decay and the scheme's rules (per-group lr multipliers,
-    Adam's epsilon); fused kernels on CUDA and CPU; with ``weights`` bf16, the stochastic-rounding Adam of
-    :mod:`depthlab.train.bf16_weights`."""
+    """Adam, AdamW or Muon + AdamW with the config's betas/eps/weight decay and the scheme's rules (per-group lr
+    multipliers, Adam's epsilon); fused Adam(W) kernels on CUDA and CPU; with ``weights`` bf16, the
+    stochastic-rounding Adam of :mod:`depthlab.train.bf16_weights`."""
     rules = optim_rules(model)
     kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps * rules.eps_scale,
                   weight_decay=cfg.weight_decay)
@@ -50,16 +57,31 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
 
         return StochasticRoundingAdam(param_groups(model, rules), **kwargs, decoupled=cfg.optimizer == "adamw",
                                       seed=cfg.seed)
-    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     if device.type in FUSED_DEVICES:
         kwargs["fused"] = True
+    if cfg.optimizer == "muon":
+        from depthlab.train.muon import MuonAdamW, muon_split
+
+        return MuonAdamW(param_groups(model, rules, frozenset(muon_split(model)["muon"])), **kwargs)
+    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     return cls(param_groups(model, rules), **kwargs)
+
+
+def optimizer_record(cfg: TrainConfig, skeleton: Callable[[], nn.Module]) -> dict[str, Any]:
+    """What config.json records of a Muon run's optimizer: ``{"optimizer_split": {"muon": [names], "adamw": [names],
+    "rule": ...}}`` from the model's ``skeleton()`` (built on the meta device); nothing for Adam(W). Raises
+    ConfigError, before anything is written, for a model Muon cannot train."""
+    if cfg.optimizer != "muon":
+        return {}
+    from depthlab.train.muon import RULE, muon_split
+
+    return {"optimizer_split": {**muon_split(skeleton()), "rule": RULE}}
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer`` can skip an update on the device (torch's fused Adam(W) reads ``found_inf``, as
     GradScaler sets it), so the trainer need not read each loss before stepping."""
-    return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and bool(optimizer.defaults.get("fused"))
+    return type(optimizer) in (torch.optim.Adam, torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

@@ -60,7 +60,8 @@ def execution_plan(cfg: TrainConfig, device: torch.device, compile_auto: bool = 
                      f"{CUDA_COMPILE_FLOPS:.0e}, where the compile is repaid: 1.59x eager measured on an H200)")
         else:
             mode += f" (auto: {tokens / 1e6:.1f}M tokens; compiled on a CPU from {CPU_COMPILE_TOKENS / 1e6:.0f}M)"
-    return f"{device.type}, {precision}, {mode}, {fused}{cfg.optimizer}"
+    optimizer = f"muon + {fused}adamw" if cfg.optimizer == "muon" else f"{fused}{cfg.optimizer}"
+    return f"{device.type}, {precision}, {mode}, {optimizer}"
 
 
 class Forward:

@@ -138,3 +138,27 @@ def tracking_curves(series: Mapping[str, Mapping[str, tuple[Sequence[int], Seque
             ax.ticklabel_format(axis="y", useOffset=False)  # norm gains near 1: 1.0004, not "+1" and 0.0004
     axes[0][0].legend(fontsize=8)
     return save(fig, path)
+
+
+def across_cells(cells: Sequence[str], series: Mapping[str, Sequence[tuple[float | None, float | None]]], ylabel: str,
+                 title: str, path: str | Path) -> Path:
+    """One measure of a regime sweep: a cluster per cell, a marker per scheme at its mean over seeds, the bar its
+    sample std (when several seeds ran). ``series[scheme] = [(mean, std) per cell]``; a None mean (a failed cell,
+    a measure not taken) is left out."""
+    colors = _colors(series)
+    n = len(series)
+    width = 0.4 / max(n, 1)
+    fig, ax = subplots(figsize=(max(6.0, 1.3 * len(cells) + 2), 4))
+    for i, (name, points) in enumerate(series.items()):
+        xs = [c + (i - (n - 1) / 2) * width for c, (m, _) in enumerate(points) if m is not None]
+        ms = [m for m, _ in points if m is not None]
+        errs = [s or 0.0 for m, s in points if m is not None]
+        ax.errorbar(xs, ms, yerr=errs, fmt="o", ms=5, capsize=3, color=colors[name], label=name)
+    ax.set_xticks(range(len(cells)))
+    ax.set_xlim(-0.6, len(cells) - 0.4)
+    ax.set_xticklabels([c.replace(" ", "\n") for c in cells], fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    return save(fig, path)
