@@ -143,9 +143,9 @@ def test_split_rule_over_every_scheme(scheme):
 
 
 def test_split_of_a_vit():
-    from depthlab.models.families import family_of_preset
+    from depthlab.models.kinds import kind_of_preset
 
-    fam = family_of_preset("vit-tiny")
+    fam = kind_of_preset("vit-tiny")
     cfg = preset_config("vit-tiny", n_layers=2)
     model = fam.build(cfg, "meta")
     split = muon_split(model)

@@ -134,7 +134,7 @@ def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bo
     n_params = family.kind.num_params(run.model_cfg)
     check_memory(n_params, run.cfg, device)  # weights, gradients and Adam state: before anything is written
     run = dataclasses.replace(run, cfg=run.cfg.replace(compile=choose_compile(run.cfg, device, n_params)))  # auto
-    record = {**(start.record if start else {}), **optimizer_record(run.cfg, lambda: family.family.build(run.model_cfg, "meta"))}
+    record = {**(start.record if start else {}), **optimizer_record(run.cfg, lambda: family.kind.build(run.model_cfg, "meta"))}
     data = start.load_data(run.cfg, run.tokenizer, env) if start else family.load_data(run, env)  # line; no writes
     guard.create()  # a fresh run's directory, locked; removed again if set-up fails
     if env.is_main:
