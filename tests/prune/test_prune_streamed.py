@@ -14,8 +14,7 @@ from depthlab.analysis.diagnostics import load_target
 from depthlab.base.errors import DepthlabError
 from depthlab.cli import main
 from depthlab.prune import PruneOptions, prune_target
-from depthlab.prune.streamed import prune_streamed
-from depthlab.targets.layerwise import open_layerwise
+from depthlab.targets.stream.open import open_streamed
 
 OPTS = dict(data="builtin", tokens=96, seq_len=32, batch_size=2, progress=False, latency_tokens=2)
 
@@ -42,7 +41,7 @@ def _same_checkpoints(a, b, vocab: int = 300) -> None:
 def _both(path, tmp_path, **kw):
     opts = PruneOptions(**{**OPTS, **kw})
     mem = prune_target(load_target(str(path)), opts, tmp_path / "mem")
-    streamed = prune_streamed(open_layerwise(str(path)), opts, tmp_path / "streamed")
+    streamed = prune_target(open_streamed(str(path)), opts, tmp_path / "streamed")
     return mem, streamed
 
 
@@ -96,7 +95,7 @@ def test_streamed_prune_refuses_before_writing(tmp_path, monkeypatch, capsys):
     assert "cannot stream 'preset:tiny'" in capsys.readouterr().err
     monkeypatch.setattr(shards.shutil, "disk_usage", lambda p: type("U", (), {"free": 1000})())
     with pytest.raises(DepthlabError, match="not enough disk for the pruned checkpoint"):
-        prune_streamed(open_layerwise(str(path)), PruneOptions(**OPTS, remove=1), tmp_path / "c")
+        prune_target(open_streamed(str(path)), PruneOptions(**OPTS, remove=1), tmp_path / "c")
     assert not list((tmp_path / "c").glob("*.safetensors"))
 
 
@@ -128,7 +127,7 @@ def test_streamed_prune_of_smollm2_equals_in_memory(smollm2_dir, tmp_path):
     from depthlab.prune.select import angular_block, survey_model
 
     opts = PruneOptions(**{**OPTS, "tokens": 32, "batch_size": 1}, method="angular-block", remove=6)
-    streamed = prune_streamed(open_layerwise(str(smollm2_dir)), opts, tmp_path / "streamed")
+    streamed = prune_target(open_streamed(str(smollm2_dir)), opts, tmp_path / "streamed")
     target = load_target(str(smollm2_dir))
     survey = survey_model(capture_of(target), held_out_batches(target, opts))
     assert streamed["removed_blocks"] == angular_block(survey.angular, 6)
