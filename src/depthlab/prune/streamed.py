@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 
 class SurveyConsumer:
-    """The base stream's loss, all-pairs angular distance and block influence (``survey_model``'s numbers)."""
+    """The base lane's loss, all-pairs angular distance and block influence (``survey_model``'s numbers)."""
 
     def __init__(self, n_layers: int) -> None:
         self.angular, self.influence = AngularAccumulator(n_layers + 1), InfluenceAccumulator(n_layers)

@@ -68,7 +68,7 @@ def zeroed_keys(target: StreamTarget, unit: str, blocks: Sequence[int]) -> froze
 
 @dataclass
 class _SurveyConsumer:
-    """The base stream's loss and each block's two branches (contribution, angle) while the block is loaded."""
+    """The base lane's loss and each block's two branches (contribution, angle) while the block is loaded."""
 
     acc: SublayerAccumulator
     total: float = 0.0

@@ -1,7 +1,8 @@
 """A model whose modules are read from the checkpoint one at a time, and how its own forward calls each layer.
 
     src = target.source                         # a LayerSource (HF: stream.hf.HFLayerSource; run: stream.run)
-    h = src.embed(ids)                          # (B, T, D): the embedding read, used and released
+    with src.embedding() as embed:              # the embedding read, used and released on exit
+        h = embed(ids)                          # (B, T, D): block 1's input
     calls = src.layer_calls(T)                  # how the model calls each layer at length T (masks, rotary)
     for i in range(src.n_layers):
         with src.layer(i) as layer:             # layer i's tensors read, built into that layer alone
@@ -35,8 +36,8 @@ from depthlab.targets.stream.safetensors import TensorStore
 class Call:
     """How the model called one layer: the arguments after the hidden states (masks, rotary tables). A family whose
     blocks also read per-token values (``Family.token_args``) gets them from ``tokens(ids)`` for the batch's ids,
-    repeated over the streams its rows stack; a multi-stream block (``streams`` = (n, D)) is handed its (B, T, n, D)
-    state and returns it, both flattened to (B, T, n·D) outside."""
+    repeated over the lanes its rows stack; a block of several residual streams (``streams`` = (n, D), DeepSeek-V4's
+    hyper-connections) is handed its (B, T, n, D) state and returns it, both flattened to (B, T, n·D) outside."""
 
     args: tuple
     kwargs: dict
