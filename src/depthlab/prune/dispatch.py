@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from depthlab.base.progress import logs_to_stderr
 from depthlab.prune import pipeline, streamed, streamed_units
 from depthlab.prune.options import PruneOptions
 from depthlab.targets.engine import engine_of
@@ -53,6 +54,7 @@ def check_model(request: Request, target: Any) -> None:
 CHECKS = Checks(before_load=[check_options, check_out], on_plan=[streamed.check_plan], on_target=[check_model])
 
 
+@logs_to_stderr
 def prune_target(target: Any, opts: PruneOptions, out: str | Path, command: str | None = None,
                  settings: SweepSettings | None = None) -> dict[str, Any]:
     """Prune ``target`` (a :class:`~depthlab.targets.Target`, a streamed target, or a path / name opened with

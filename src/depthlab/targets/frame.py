@@ -53,10 +53,6 @@ class Request:
     asked: frozenset[str] = frozenset()  # option names the user set (a default the engine cannot honour is dropped)
     state: Path | None = None  # the resume state the frame holds for a streamed command writing ``out`` (set by it)
 
-    @property
-    def name(self) -> str:
-        return str(self.target) if isinstance(self.target, (str, Path)) else self.target.name
-
 
 @dataclass
 class Checks:

@@ -96,6 +96,7 @@ CHECKS = Checks(before_load=[check_options, check_mc_file, check_out],
 
 
 # ---------------------------------------------------------------------------------------------- the run
+@logs_to_stderr
 def diagnose(target: Any, opts: DiagnoseOptions | None = None, command: str | None = None,
              out: str | Path | None = None, settings: SweepSettings | None = None) -> dict[str, Any]:
     """All diagnostics of ``target`` (a :class:`~depthlab.targets.Target`, a streamed target, or a path / name that
