@@ -1,10 +1,10 @@
-"""``diagnose`` streamed against in memory on every streamable family of the registry (depthlab.hf.architectures).
+"""``diagnose`` streamed against in memory on every streamable family of the registry (depthlab.hf.families).
 
     python benchmarks/families_stream.py --out benchmarks/results   # every family, 3 rounds; the committed result
     python benchmarks/families_stream.py --families mixtral llama --rounds 5   # into ~/.cache/depthlab/bench-results
 
-For each family: its tiny random model (``tiny_config``: width 32, vocabulary 300; here 8 layers) built with
-``from_config`` and saved with ``save_pretrained`` into a temporary directory, then ``diagnose`` (angular distance of
+For each family: its tiny random model (``depthlab.hf.tiny.save_tiny``: width 32, vocabulary 300, the entry's
+fix-ups; here 8 layers) saved with a byte tokenizer into a temporary directory, then ``diagnose`` (angular distance of
 all pairs, variance, the removal sweep; no Jacobian; the attention/MLP units and the logit lens only with ``--units``,
 in both engines) on ``--tokens`` built-in tokens, opened and run in memory
 (``diagnose(load_target(DIR))``) and streamed (``diagnose(DIR, stream=True)``), the two interleaved over ``--rounds``
@@ -62,26 +62,6 @@ def max_diff(a: dict, b: dict) -> float:
     return worst
 
 
-def save_tiny(model_type: str, root: Path, layers: int) -> Path:
-    from transformers import AutoModelForCausalLM
-
-    from depthlab.hf.architectures import tiny_config
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from streaming_models import byte_tokenizer
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config(model_type, num_hidden_layers=layers)).eval()
-    with torch.no_grad():  # DeepSeek-V4's hash-routing table starts at zeros (every token to expert 0): drawn, so the
-        for name, table in model.named_buffers():  # streamed engine's per-block ids matter as in a trained model
-            if name.endswith("tid2eid"):
-                table.copy_(torch.randint(0, model.config.n_routed_experts, table.shape))
-    path = root / model_type
-    model.save_pretrained(path)
-    byte_tokenizer().save_pretrained(path)
-    return path
-
-
 def measure(path: Path, args: argparse.Namespace) -> dict:
     from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
     from depthlab.targets import load_target
@@ -109,7 +89,8 @@ def measure(path: Path, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     from depthlab.base.fileio import write_json_atomic
-    from depthlab.hf.architectures import FAMILIES, supporting
+    from depthlab.hf.families import FAMILIES, supporting
+    from depthlab.hf.tiny import save_tiny
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", nargs="*", default=None, help="model types (default: every streamable family)")
@@ -129,7 +110,8 @@ def main() -> None:
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in families:
-            out[model_type] = {"kind": FAMILIES[model_type].kind, **measure(save_tiny(model_type, Path(tmp), args.layers), args)}
+            path = save_tiny(model_type, Path(tmp) / model_type, jitter=False, num_hidden_layers=args.layers)
+            out[model_type] = {"kind": FAMILIES[model_type].kind, **measure(path, args)}
             print(model_type, json.dumps(out[model_type]["seconds"]), out[model_type]["ratio_streamed_over_in_memory"],
                   f"max|Δ|={out[model_type]['max_abs_diff']:.2g}", flush=True)
     record = {"command": "python " + shlex.join(["benchmarks/families_stream.py", *sys.argv[1:]]), **machine(),

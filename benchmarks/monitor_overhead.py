@@ -40,7 +40,7 @@ import depthlab as d
 from depthlab.analysis.monitor import DepthMonitorCallback
 from depthlab.base.provenance import versions
 from depthlab.hf import apply_layernorm_scaling
-from depthlab.hf.convert import hf_config_for
+from depthlab.hf.export import hf_config_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_out import apply_threads, common_args, result_path  # noqa: E402  (sibling module)

@@ -120,7 +120,7 @@ def write_checkpoint(path: Path, s: dict, seed: int = 0) -> dict:
                                                                    "weight_map": weight_map}, indent=1))
     _config(s).save_pretrained(path)
     sys.path.insert(0, str(ROOT / "tests"))
-    from streaming_models import byte_tokenizer
+    from depthlab.hf.tiny import byte_tokenizer
 
     byte_tokenizer().save_pretrained(path)
     info = {"bytes": total, "shards": len(shards), "write_s": round(time.perf_counter() - t0, 1), "seed": seed}
@@ -427,7 +427,7 @@ def _smollm2_dir(args: argparse.Namespace) -> Path:
     cache = Path(args.cache_dir or Path.home() / ".cache" / "depthlab" / "bench" / "smollm2-safetensors")
     if not (cache / "complete.json").is_file():
         sys.path.insert(0, str(ROOT / "tests"))
-        from streaming_models import smollm2_safetensors
+        from tiny_models import smollm2_safetensors
 
         smollm2_safetensors(cache)
         (cache / "complete.json").write_text("{}\n")

@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
 
 from depthlab.data import CausalLMWindows, build_tokenizer, eval_token_batches, iter_documents, load_sequences
-from depthlab.hf.convert import save_hf_checkpoint
+from depthlab.hf.export import save_hf_checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> Trainer:
     probe_every = a.every
 
     # readme:start hf-trainer
+    from depthlab.analysis.monitor import DepthMonitorCallback
     from depthlab.hf import apply_layernorm_scaling
-    from depthlab.monitor import DepthMonitorCallback
 
     probe_ids = next(iter(held_out))               # a fixed held-out batch of token ids, (B, T + 1)
     model = AutoModelForCausalLM.from_config(config)

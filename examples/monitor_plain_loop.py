@@ -1,5 +1,5 @@
 """Depth tracking in a plain PyTorch loop: a nanoGPT-style GPT (written here, ~50 lines) trained on
-depthlab's built-in corpus, probed with ``depthlab.monitor.DepthMonitor``.
+depthlab's built-in corpus, probed with ``depthlab.analysis.monitor.DepthMonitor``.
 
     python examples/monitor_plain_loop.py                         # CPU: well under a minute
     python examples/monitor_plain_loop.py --layers 12 --steps 2000 --every 100 --out runs/gpt-monitor
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> tuple[GPT, object]:
         log_file.write(json.dumps({"step": step, **scalars}) + "\n")
 
     # readme:start plain-loop
-    from depthlab.monitor import DepthMonitor
+    from depthlab.analysis.monitor import DepthMonitor
 
     probe_ids = next(iter(held_out))                      # a fixed held-out batch of token ids, (B, T + 1)
     monitor = DepthMonitor(model, probe_ids, every=probe_every, layers="transformer.h")

@@ -159,7 +159,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("configs and the scheme registry", ("models.config", "models.schemes")),
     ("configure", ("models.configure",)),
     ("models", ("models", "models.decoder", "models.vit")),
-    ("model families", ("models.families",)),
+    ("model kinds", ("models.kinds",)),
     ("data", ("data",)),
     ("Hugging Face interop", ("hf",)),
     ("figures", ("analysis.plots",)),
@@ -210,8 +210,8 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
 
 
 def unknown_imports(root: Path = ROOT) -> list[str]:
-    """Imports of a ``depthlab`` module that is not in the tree (an old path kept only as an alias for users:
-    inside the package every import names a module where it is), one line each."""
+    """Imports of a ``depthlab`` module that is not in the tree (every import names a module where it is), one
+    line each."""
     modules = module_names(root)
     bad = []
     for module, path in modules.items():

@@ -1,5 +1,5 @@
 """Regenerate the parts of the docs that come from code: README.md's scheme table (from the scheme registry),
-its "Supported models" table (from the family registry, depthlab.hf.architectures) and docs/architecture.md's
+its "Supported models" table (from the family registry, depthlab.hf.families) and docs/architecture.md's
 layer picture (from the imports, as scripts/check_import_cycles.py sees them).
 
     python scripts/update_docs.py          # rewrite them in place
@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import check_import_cycles  # noqa: E402 - a sibling script
 
-from depthlab.hf.architectures import family_table  # noqa: E402
+from depthlab.hf.families import family_table  # noqa: E402
 from depthlab.models.schemes import scheme_table  # noqa: E402
 
 

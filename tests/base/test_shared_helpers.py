@@ -145,15 +145,12 @@ def test_tests_mirror_the_packages():
     assert not missing, missing
 
 
-def test_short_module_paths_are_the_moved_modules_themselves():
-    """`depthlab.schemes`, `depthlab.diagnostics.capture`, ... import the module at its new place (one object, so a
-    registry or a class is never loaded twice); a name that was never a module is still an ImportError."""
-    code = ("import depthlab, depthlab.schemes, depthlab.models.schemes as S\n"
-            "from depthlab.diagnostics.capture import ResidualCapture as A\n"
-            "from depthlab.analysis.diagnostics.capture import ResidualCapture as B\n"
-            "from depthlab.finetune import finetune\n"
-            "import depthlab.monitor, depthlab.analysis.monitor\n"
-            "assert depthlab.schemes is S and A is B and depthlab.monitor is depthlab.analysis.monitor\n"
-            "assert depthlab.SCHEMES is S.SCHEMES\n"
-            "try:\n    import depthlab.nothing_here\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('imported')\n")
+def test_the_root_exports_are_the_modules_objects_and_install_no_import_hook():
+    """``depthlab.X`` is the object of the module that defines it (one registry, one class), and importing depthlab
+    leaves ``sys.meta_path`` alone (no import-time side effect): an old short module path is an ImportError."""
+    code = ("import sys; hooks = list(sys.meta_path)\n"
+            "import depthlab, depthlab.models.schemes as S, depthlab.analysis.monitor as M\n"
+            "assert depthlab.SCHEMES is S.SCHEMES and depthlab.DepthMonitor is M.DepthMonitor\n"
+            "assert sys.meta_path == hooks\n"
+            "try:\n    import depthlab.schemes\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('imported')\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -51,10 +51,10 @@ def _hf_dirs(ws: Path) -> None:
     """A tiny HF Llama (``hf``), one whose config.json claims a layer more than its weights hold (``hf_more``) and
     one with a NaN weight (``hf_nan``)."""
     from safetensors.torch import load_file, save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                 num_attention_heads=2, max_position_embeddings=64)).save_pretrained(ws / "hf")
+    from depthlab.hf.tiny import tiny_model
+
+    tiny_model("llama", num_hidden_layers=2).save_pretrained(ws / "hf")
     shutil.copytree(ws / "hf", ws / "hf_more")
     cfg = json.loads((ws / "hf_more" / "config.json").read_text())
     (ws / "hf_more" / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
@@ -71,7 +71,7 @@ def _stream_dirs(ws: Path) -> None:
     empty shard; and an HF directory whose ``pytorch_model.bin`` pickles more than tensors."""
     import torch
     from safetensors.torch import load_file, save_file
-    from streaming_models import hf_dir
+    from tiny_models import hf_dir
 
     base = hf_dir(ws, "llama", 3, max_shard_size="40KB").rename(ws / "st")
 

@@ -10,7 +10,7 @@ import logging
 import shlex
 
 import pytest
-from streaming_models import hf_dir
+from tiny_models import hf_dir
 
 from depthlab.cli import build_parser, main
 

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import depthlab as d
-from depthlab.hf import exportable_schemes, from_hf, to_hf
+from depthlab.hf import CONVERTIBLE_MODEL_TYPES, exportable_schemes, from_hf, to_hf
+from depthlab.hf.families import FAMILIES
+from depthlab.hf.tiny import tiny_model
 
 
 def tiny(scheme, **kw):
@@ -71,6 +73,28 @@ def test_qwen_shape_exports_as_qwen2(tmp_path):
     ids = torch.randint(0, 80, (2, 11))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", CONVERTIBLE_MODEL_TYPES)
+def test_every_convertible_family_reads_and_writes_back_with_transformers_logits(model_type, tmp_path):
+    """Each entry's Conversion (q/k/v biases, QK-norm) is what the family computes: from_hf of its tiny model (norms
+    and biases jittered) gives transformers' logits, and to_hf writes the convertible family of that layout, which
+    plain transformers reloads with the same logits."""
+    from transformers import AutoModelForCausalLM
+
+    hf = tiny_model(model_type)
+    ids = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(1))
+    ours = from_hf(hf)
+    assert (ours.cfg.qkv_bias, ours.cfg.qk_norm) == (FAMILIES[model_type].convert.qkv_bias,
+                                                     FAMILIES[model_type].convert.qk_norm)
+    with torch.no_grad():
+        want = hf(ids).logits
+        torch.testing.assert_close(ours(ids).logits, want, rtol=1e-4, atol=1e-4)
+        back = AutoModelForCausalLM.from_pretrained(to_hf(ours, tmp_path / "out")).eval()
+        torch.testing.assert_close(back(ids).logits, want, rtol=1e-4, atol=1e-4)
+    layout = {t for t, f in FAMILIES.items() if f.convert is not None and f.convert.qkv_bias == ours.cfg.qkv_bias
+              and f.convert.qk_norm == ours.cfg.qk_norm}
+    assert back.config.model_type in layout
 
 
 def test_round_trip_from_hf_restores_an_lns_model_exactly():

@@ -1,4 +1,4 @@
-"""Every decoder family of the registry (depthlab.hf.architectures), each on its tiny random model built with
+"""Every decoder family of the registry (depthlab.hf.families), each on its tiny random model built with
 transformers' own ``AutoConfig.for_model`` + ``from_config`` and saved with ``save_pretrained`` (sharded):
 
 - diagnose streamed equals diagnose in memory (angular distances, loss, removal Δloss, variance; max |Δ| <= 1e-4);
@@ -19,14 +19,15 @@ import math
 
 import pytest
 import torch
-from streaming_models import byte_tokenizer, jitter_norms, report_diff
+from tiny_models import GEMMA4_KV, report_diff
 from torch import nn
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
 from depthlab.analysis.monitor import DepthMonitor
 from depthlab.base.errors import DepthlabError
 from depthlab.hf import apply_layernorm_scaling, fold_layernorm_scaling
-from depthlab.hf.architectures import FAMILIES, LAYER_LISTS, family_of, get_path, tiny_config
+from depthlab.hf.families import FAMILIES, LAYER_LISTS, family_of, get_path
+from depthlab.hf.tiny import save_tiny, tiny_model
 from depthlab.prune.export import drop_layers, write_hf
 from depthlab.prune.shards import write_pruned_shards
 from depthlab.targets import find_layers, load_target
@@ -49,18 +50,8 @@ _MODELS: dict[str, tuple] = {}
 def tiny(model_type: str, tmp_path_factory) -> tuple[nn.Module, object]:
     """The family's tiny model (norm weights jittered so a misplaced scale shows) and its saved directory, built once."""
     if model_type not in _MODELS:
-        from transformers import AutoModelForCausalLM
-
-        torch.manual_seed(0)
-        model = jitter_norms(AutoModelForCausalLM.from_config(tiny_config(model_type)).eval())
-        with torch.no_grad():  # DeepSeek-V4's hash routing table starts at zeros (every token to expert 0): drawn
-            for name, table in model.named_buffers():
-                if name.endswith("tid2eid"):
-                    table.copy_(torch.randint(0, model.config.n_routed_experts, table.shape))
-        path = tmp_path_factory.mktemp(model_type)
-        model.save_pretrained(path, max_shard_size="40KB")  # several shards: the streamed export cuts each
-        byte_tokenizer().save_pretrained(path)
-        _MODELS[model_type] = (model, path)
+        model = tiny_model(model_type)  # several shards below: the streamed export cuts each
+        _MODELS[model_type] = (model, save_tiny(model, tmp_path_factory.mktemp(model_type), max_shard_size="40KB"))
     return _MODELS[model_type]
 
 
@@ -296,15 +287,8 @@ def test_gemma4_pruned_keeps_each_blocks_per_layer_embeddings_and_config(tmp_pat
 
 def _kv_shared(tmp_path):
     """Gemma 4 whose blocks 3 and 4 reuse the keys and values of blocks 1 (sliding) and 2 (full attention)."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    config = tiny_config("gemma4_text", num_kv_shared_layers=2,
-                         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
-    model = jitter_norms(AutoModelForCausalLM.from_config(config).eval())
-    model.save_pretrained(tmp_path / "kv")
-    byte_tokenizer().save_pretrained(tmp_path / "kv")
-    return model, tmp_path / "kv"
+    model = tiny_model("gemma4_text", **GEMMA4_KV)
+    return model, save_tiny(model, tmp_path / "kv")
 
 
 def test_gemma4_kv_sharing_refuses_what_it_cannot_express_and_prunes_the_rest(tmp_path):

@@ -21,12 +21,13 @@ import math
 
 import pytest
 import torch
-from streaming_models import byte_tokenizer, jitter_norms
+from tiny_models import GEMMA4_KV
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
 from depthlab.analysis.diagnostics.removal import nll_sum
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.architectures import config_limit, tiny_config
+from depthlab.hf.families import config_limit
+from depthlab.hf.tiny import save_tiny, tiny_model
 from depthlab.prune.export import drop_layers, write_hf
 from depthlab.prune.select import angular_block, check_removable, lowest_influence, most_removable
 from depthlab.targets import load_target
@@ -42,17 +43,9 @@ def _one_thread(one_thread):
 
 @pytest.fixture(scope="module")
 def kv_model(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    config = tiny_config("gemma4_text", num_kv_shared_layers=2,
-                         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
-    model = jitter_norms(AutoModelForCausalLM.from_config(config).eval())
-    assert config.kv_sharing_modes == ["store", "store", "reuse", "reuse"]
-    path = tmp_path_factory.mktemp("gemma4kv")
-    model.save_pretrained(path)
-    byte_tokenizer().save_pretrained(path)
-    return model, path
+    model = tiny_model("gemma4_text", **GEMMA4_KV)
+    assert model.config.kv_sharing_modes == ["store", "store", "reuse", "reuse"]
+    return model, save_tiny(model, tmp_path_factory.mktemp("gemma4kv"))
 
 
 def _skipping(model, ids: torch.Tensor, blocks) -> torch.Tensor:
@@ -197,15 +190,10 @@ def test_the_selections_skip_what_the_limits_forbid(kv_model):
 def test_both_engines_skip_a_last_block_gemma4_cannot_lose(tmp_path_factory, tmp_path):
     """Without KV sharing: the last block (full attention) cannot go while a sliding block would end the model; the
     greedy choice, in memory and streamed, is the same allowed pair."""
-    from transformers import AutoModelForCausalLM
-
     from depthlab.prune import PruneOptions, prune_target
 
-    torch.manual_seed(0)
-    model = jitter_norms(AutoModelForCausalLM.from_config(tiny_config("gemma4_text")).eval())
-    path = tmp_path_factory.mktemp("gemma4")
-    model.save_pretrained(path)
-    byte_tokenizer().save_pretrained(path)
+    model = tiny_model("gemma4_text")
+    path = save_tiny(model, tmp_path_factory.mktemp("gemma4"))
     opts = dict(remove=2, method="removal", **OPTS, latency_tokens=2)
     streamed = prune_target(str(path), PruneOptions(**opts, stream=True), tmp_path / "s")
     in_memory = prune_target(load_target(str(path)), PruneOptions(**opts), tmp_path / "m")

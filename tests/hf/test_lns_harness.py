@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 from depthlab.hf.convert import from_hf  # noqa: E402
 from depthlab.hf.harness import DepthlabLM, evaluate, write_task  # noqa: E402
 from depthlab.hf.lns import apply_layernorm_scaling, remove_layernorm_scaling  # noqa: E402
+from depthlab.hf.tiny import tiny_model  # noqa: E402
 
 DOCS = [
     {"question": "the sky is", "choices": ["blue", "green", "loud"], "answer": 0},
@@ -33,16 +34,8 @@ def word_tokenizer():
 
 
 def tiny_llama():
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   initializer_range=0.2, eos_token_id=0, bos_token_id=0, pad_token_id=0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.input_layernorm.weight.uniform_(0.5, 1.5)
-            layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
-    return model
+    return tiny_model("llama", vocab_size=64, num_hidden_layers=3, max_position_embeddings=64, initializer_range=0.2,
+                      eos_token_id=0, bos_token_id=0, pad_token_id=0)
 
 
 def scores(results, task="tiny_mc"):

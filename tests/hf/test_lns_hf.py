@@ -11,37 +11,26 @@ import torch
 from torch import nn
 
 transformers = pytest.importorskip("transformers")
-from streaming_models import jitter_norms  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
+from depthlab.hf.families import LNS_MODEL_TYPES  # noqa: E402
 from depthlab.hf.lns import (  # noqa: E402
     CONFIG_KEY,
-    SUPPORTED_MODEL_TYPES,
     apply_layernorm_scaling,
     fold_layernorm_scaling,
     is_layernorm_scaled,
     load,
     remove_layernorm_scaling,
 )
+from depthlab.hf.tiny import tiny_model  # noqa: E402
 
 VOCAB, LAYERS = 96, 3
-SHAPE = dict(
-    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.1, rms_norm_eps=1e-6,
-)
-
-
-def _config(model_type: str):
-    extra = {"head_dim": 8} if model_type == "qwen3" else {}
-    if model_type in ("mistral", "qwen2", "qwen3"):
-        extra["sliding_window"] = None
-    return transformers.AutoConfig.for_model(model_type, **SHAPE, **extra)
 
 
 def tiny(model_type: str = "llama", seed: int = 0) -> nn.Module:
-    """A random HF model with non-trivial norm weights (so a wrong scale placement shows)."""
-    torch.manual_seed(seed)
-    return jitter_norms(AutoModelForCausalLM.from_config(_config(model_type)).float().eval())
+    """A random HF model with non-trivial norm weights (so a wrong scale placement shows), no sliding window."""
+    return tiny_model(model_type, seed=seed, vocab_size=VOCAB, num_hidden_layers=LAYERS, max_position_embeddings=64,
+                      initializer_range=0.1, rms_norm_eps=1e-6, sliding_window=None)
 
 
 def tokens(seed: int = 1, batch: int = 2, length: int = 12) -> torch.Tensor:
@@ -146,7 +135,7 @@ def test_unsupported_architecture_names_supported_ones():
     with pytest.raises(ValueError) as err:
         apply_layernorm_scaling(opt)
     assert "'opt'" in str(err.value)
-    assert all(t in str(err.value) for t in SUPPORTED_MODEL_TYPES)
+    assert all(t in str(err.value) for t in LNS_MODEL_TYPES)
     with pytest.raises(ValueError, match="not a Hugging Face"):
         apply_layernorm_scaling(nn.Linear(2, 2))
 

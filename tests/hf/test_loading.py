@@ -12,12 +12,9 @@ transformers = pytest.importorskip("transformers")
 
 
 def _save(path, layers=4, tie=False):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from depthlab.hf.tiny import tiny_model
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=2, max_position_embeddings=128, tie_word_embeddings=tie)
-    model = LlamaForCausalLM(cfg)
+    model = tiny_model("llama", vocab_size=64, num_hidden_layers=layers, tie_word_embeddings=tie)
     model.save_pretrained(path)
     return model
 

@@ -1,15 +1,12 @@
 import pytest
-from prune_models import byte_tokenizer, tiny_hf  # noqa: E402
+import tiny_models
 
 
 @pytest.fixture
 def hf_dir(tmp_path):
     """Save a tiny HF model (+ byte tokenizer) and return its directory."""
     def make(kind: str = "llama", n_layers: int = 6, tie: bool = False):
-        path = tmp_path / f"{kind}-{n_layers}"
-        tiny_hf(kind, n_layers, tie).save_pretrained(path)
-        byte_tokenizer().save_pretrained(path)
-        return path
+        return tiny_models.hf_dir(tmp_path, kind, n_layers, tie_word_embeddings=tie)
     return make
 
 

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from streaming_models import hf_dir
+from tiny_models import hf_dir
 
 from depthlab.data.tokenizers import model_tokenizer
 from depthlab.models.decoder import IGNORE_INDEX

@@ -5,11 +5,11 @@ import json
 
 import pytest
 import torch
-from prune_models import byte_tokenizer
 
 import depthlab as d
 from depthlab.analysis.diagnostics import ResidualCapture, find_layers, load_target
 from depthlab.cli import main
+from depthlab.hf.tiny import byte_tokenizer
 from depthlab.prune.export import lm_logits
 
 FAST = ["--tokens", "128", "--seq-len", "32", "--batch-size", "2", "--no-progress"]

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from prune_models import tiny_hf
+from tiny_models import tiny_hf
 
 import depthlab as d
 from depthlab.analysis.diagnostics import ResidualCapture, find_layers
@@ -30,7 +30,7 @@ def _transformers_deleted(hf, removed):
 def test_export_equals_skipping_and_transformers_deletion(tmp_path, kind, tie):
     from transformers import AutoModelForCausalLM
 
-    hf = tiny_hf(kind, 6, tie)
+    hf = tiny_hf(kind, 6, tie_word_embeddings=tie)
     removed = [2, 5]
     pruned = drop_layers(hf, removed)
     assert len(find_layers(hf)) == 6  # the original is untouched

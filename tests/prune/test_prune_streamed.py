@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from prune_models import byte_tokenizer
-from streaming_models import hf_dir, save_hf, tiny_hf
+from tiny_models import hf_dir, save_hf, tiny_hf
 
 from depthlab.analysis.diagnostics import load_target
 from depthlab.base.errors import DepthlabError
 from depthlab.cli import main
+from depthlab.hf.tiny import byte_tokenizer
 from depthlab.prune import PruneOptions, prune_target
 from depthlab.targets.stream.open import open_streamed
 

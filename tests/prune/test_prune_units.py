@@ -92,18 +92,16 @@ def test_registry_families_measure_units_where_their_blocks_have_them_and_say_wh
     """Every family of the registry: its tiny model either has an attention and an MLP branch for every block, and
     zeroing a unit's output projection equals zeroing the branch (where a single projection exists), or diagnose goes
     on without units (a one-line DepthlabError from check_sublayers says why)."""
-    from transformers import AutoModelForCausalLM
-
     from depthlab.base.errors import DepthlabError
-    from depthlab.hf.architectures import FAMILIES, tiny_config
+    from depthlab.hf.families import FAMILIES
+    from depthlab.hf.tiny import tiny_model
     from depthlab.prune.units import zero_units
     from depthlab.targets.branches import check_sublayers, unit_modules, zeroed
     from depthlab.targets.layers import find_layers
 
     ids, covered = torch.randint(0, 100, (1, 7)), []
     for model_type in FAMILIES:
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
+        model = tiny_model(model_type, jitter=False)
         layers = find_layers(model)
         try:
             check_sublayers(layers)

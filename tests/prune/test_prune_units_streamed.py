@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from streaming_models import family_dir, hf_dir
+from tiny_models import family_dir, hf_dir
 
 from depthlab.cli import main
 from depthlab.prune import PruneOptions, prune_target

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 import torch
-from prune_models import tiny_hf
+from tiny_models import tiny_hf
 
 from depthlab.analysis.diagnostics import ResidualCapture, find_layers
 from depthlab.analysis.diagnostics.removal import joint_removal_loss

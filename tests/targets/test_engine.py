@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from streaming_models import hf_dir, report_diff
+from tiny_models import hf_dir, report_diff
 
 import depthlab.targets.engine as engine
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose

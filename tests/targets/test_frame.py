@@ -5,7 +5,7 @@ engine's choice to the end of the body, removed on success and kept when the bod
 from __future__ import annotations
 
 import pytest
-from streaming_models import hf_dir
+from tiny_models import hf_dir
 
 import depthlab.targets.load as load
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose

@@ -157,6 +157,16 @@ def _occupied(path: Path) -> bool:
     return path.exists() and (not path.is_dir() or any(path.iterdir()))
 
 
+def fresh_out(out: str | Path, flag: str = "--out") -> Path:
+    """``out`` as a Path when it is absent or an empty directory (one a lock was just taken on counts as empty);
+    else a one-line DepthlabError naming ``flag``: every command that writes a result directory checks this, before
+    any work, so nothing of an earlier result is ever overwritten or mixed in."""
+    path = Path(out)
+    if _occupied(path):
+        raise DepthlabError(f"{flag} {str(path)!r} exists and is not empty; give a new or empty directory")
+    return path
+
+
 def publish_dir(out: str | Path) -> contextlib.AbstractContextManager[Path]:
     """A result directory, published whole: ``out`` must be absent or empty (DepthlabError, one line, when it
     holds files)."""

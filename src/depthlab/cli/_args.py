@@ -43,7 +43,7 @@ def model_from_args(args: argparse.Namespace, base: Any = None) -> Any:
     ``name`` may be a preset; else ``base``; else ``tiny``), then the section's fields and scheme options, then
     ``--scheme`` and ``--set``. A run's saved ``model`` section rebuilds exactly that model."""
     from depthlab.models.configure import ALL_PRESETS, configure, from_preset
-    from depthlab.models.families import family_named
+    from depthlab.models.kinds import kind_named
 
     section = dict(args.model_section or {})
     if args.preset:
@@ -54,7 +54,7 @@ def model_from_args(args: argparse.Namespace, base: Any = None) -> Any:
     elif section.get("name") in ALL_PRESETS:
         cfg = from_preset(section["name"])
     elif section:
-        cfg = family_named(args.config_family).config_type()
+        cfg = kind_named(args.config_family).config_type()
     else:
         cfg = from_preset("tiny")
     if args.scheme:

@@ -72,7 +72,7 @@ def build_config(args) -> CompareConfig:
     """The CompareConfig the arguments (and ``--config``) describe; the data default follows the preset's family."""
     from depthlab.base.errors import DepthlabError
     from depthlab.cli._args import parse_overrides
-    from depthlab.models.families import family_of_preset
+    from depthlab.models.kinds import kind_of_preset
 
     given = COMPARE.given(args)
     if not given.get("schemes"):
@@ -81,7 +81,7 @@ def build_config(args) -> CompareConfig:
         raise DepthlabError("give --out DIR for the comparison")
     train = TRAIN.given(args)
     if "data" not in train:
-        train["data"] = "digits" if family_of_preset(given.get("preset", "tiny")).name == "vit" else "builtin"
+        train["data"] = "digits" if kind_of_preset(given.get("preset", "tiny")).name == "vit" else "builtin"
     preset = given.get("preset", "tiny")
     diagnose = DiagnoseOptions(**{**diagnose_defaults(preset, train["data"]), **DIAGNOSE.given(args), "progress": False})
     return CompareConfig(**given, model_overrides=parse_overrides(args.model_set), train=TrainConfig(**train),

@@ -104,14 +104,17 @@ def _seq_len(asked: int | None, target) -> int:
 def _default_out(target: str) -> Path:
     """reports/<target name>, or the first of reports/<name>-2, -3, ... that is free: the default never overwrites an
     earlier report."""
-    from depthlab.targets.frame import not_fresh
+    from depthlab.base.errors import DepthlabError
+    from depthlab.base.fileio import fresh_out
 
     base = Path("reports") / Path(target.replace("preset:", "")).name.replace(".gguf", "")
-    out, n = base, 1
-    while not_fresh(out):
-        n += 1
-        out = base.with_name(f"{base.name}-{n}")
-    return out
+    for n in range(1, 10_000):
+        out = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            return fresh_out(out)
+        except DepthlabError:
+            continue
+    raise DepthlabError(f"no free reports/{base.name}-N left; give --out")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,19 +47,17 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from depthlab.analysis.evaluate import evaluate, load_tasks, markdown_table
     from depthlab.base.errors import DepthlabError
+    from depthlab.base.fileio import fresh_out
     from depthlab.base.provenance import command_line
     from depthlab.data.sft import get_template
     from depthlab.targets import load_target
 
     if not args.out:
         raise DepthlabError("give --out DIR for eval.json and eval.md")
-    out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DepthlabError(f"output directory {str(out)!r} is not empty; give a new --out directory")
+    out = fresh_out(args.out)
     opts = EvaluateOptions(**EVALUATE.given(args))
     opts.validate()
     get_template(opts.template)

@@ -36,9 +36,9 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from pathlib import Path
 
     from depthlab.base.errors import DepthlabError
+    from depthlab.base.fileio import fresh_out
     from depthlab.base.precision import torch_dtype
     from depthlab.base.provenance import command_line
     from depthlab.cli._args import precision_of
@@ -49,9 +49,7 @@ def main(args) -> int:
         raise DepthlabError(f"--dtype {args.dtype}: export computes nothing, so it takes no compute precision; "
                             "drop --dtype (--weights sets the exported weights)")
     weights = precision_of(args)[0]
-    out = Path(args.hf)
-    if out.exists() and any(out.iterdir()):
-        raise DepthlabError(f"output directory {str(out)!r} is not empty; give a new --hf directory")
+    out = fresh_out(args.hf, "--hf")
     model, tokenizer, _ = load_run(args.run)
     dtype = next(model.parameters()).dtype if weights == "auto" else torch_dtype(weights)
     to_hf(model, out, dtype=dtype, tokenizer=tokenizer, command=command_line(args.argv))

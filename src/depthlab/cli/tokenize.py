@@ -26,15 +26,13 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
 
     from depthlab.base.errors import DepthlabError
-    from depthlab.base.fileio import publish_dir
+    from depthlab.base.fileio import fresh_out, publish_dir
     from depthlab.base.provenance import command_line
     from depthlab.data import build_tokenizer, check_tokenizer_spec, iter_documents, write_shards
 
-    if Path(args.out).exists():
-        raise DepthlabError(f"output {args.out!r} already exists; choose a new --out")
+    fresh_out(args.out)
     check_tokenizer_spec(args.tokenizer)
     iter_documents(args.data, "train", args.text_field)
     texts = iter_documents(args.data, "train", args.text_field) if args.tokenizer.startswith("bpe:") else None

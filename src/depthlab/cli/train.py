@@ -58,7 +58,7 @@ def build_configs(args):
     """(model config, TrainConfig, out_dir, resume, start) from parsed args (saved config when resuming;
     the source's model and tokenizer with ``--init-from``)."""
     from depthlab.base.errors import DepthlabError
-    from depthlab.models.families import config_from_saved
+    from depthlab.models.kinds import config_from_saved
     from depthlab.train.rundir import saved_config
 
     resume = args.resume is not None

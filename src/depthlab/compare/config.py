@@ -70,9 +70,9 @@ def diagnose_defaults(preset: str, train_data: str | None) -> dict[str, Any]:
     """What a compare diagnoses its runs on unless told otherwise: 16384 held-out tokens of the text they trained on
     (its validation split, as ``diagnose`` reads a depthlab run), so a compare on your data is diagnosed on your
     data, not the built-in corpus. ViT runs diagnose on their own held-out images whatever ``data`` says."""
-    from depthlab.models.families import family_of_preset
+    from depthlab.models.kinds import kind_of_preset
 
-    lm = family_of_preset(preset).name == "lm"
+    lm = kind_of_preset(preset).name == "lm"
     return {"tokens": 16384, "progress": False, **({"data": train_data} if lm and train_data else {})}
 
 
@@ -104,7 +104,7 @@ class CompareConfig:
         return [spec.label for spec in self.schemes]
 
     def validate(self) -> None:
-        from depthlab.models.families import family_of, family_of_preset
+        from depthlab.models.kinds import kind_of, kind_of_preset
         from depthlab.models.schemes import SCHEMES
         from depthlab.train.family import train_family
 
@@ -119,7 +119,7 @@ class CompareConfig:
             raise DepthlabError(f"seeds must be distinct and non-empty, got {self.seeds}")
         for seed in self.seeds:
             check_int("--seeds", seed, 0, MAX_SEED)
-        family_of_preset(self.preset)  # an unknown preset names every known one
+        kind_of_preset(self.preset)  # an unknown preset names every known one
         if "scheme" in self.model_overrides:
             raise DepthlabError("model_overrides may not set 'scheme': list schemes in `schemes`")
         self.train.check_given()
@@ -132,7 +132,7 @@ class CompareConfig:
         for spec in self.schemes:  # every model config must be valid before anything is trained
             model_cfg = self.model_config(spec)
             train_family(model_cfg).resolve_train(self.train, model_cfg)
-        self.downstream.validate(family_of(self.model_config(self.schemes[0])).name)
+        self.downstream.validate(kind_of(self.model_config(self.schemes[0])).name)
 
     def model_config(self, scheme: SchemeSpec) -> Any:
         """The model of one scheme variant: the preset, the overrides and the variant's options."""

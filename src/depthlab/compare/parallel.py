@@ -34,9 +34,9 @@ log = logging.getLogger(__name__)
 def _warm_tokenizer(cfg: Any) -> None:
     """Train (and cache) the runs' BPE tokenizer once, so parallel runs only read it."""
     from depthlab.data import DEFAULT_TOKENIZER, build_tokenizer, is_shard_dir, iter_documents
-    from depthlab.models.families import family_of_preset
+    from depthlab.models.kinds import kind_of_preset
 
-    if family_of_preset(cfg.preset).name != "lm":  # ViTs read images: no tokenizer
+    if kind_of_preset(cfg.preset).name != "lm":  # ViTs read images: no tokenizer
         return
     t = cfg.train
     spec = t.tokenizer or DEFAULT_TOKENIZER

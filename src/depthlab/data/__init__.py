@@ -22,7 +22,8 @@ __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("NAMED_CORPORA", "shard_path"), "depthlab.data.named"),
     **dict.fromkeys((
         "IGNORE_INDEX", "CausalLMWindows", "EvalBatches", "TokenSequences", "eval_token_batches", "inputs_and_labels",
-        "is_shard_dir", "load_sequences", "pack_tokens", "pad_tokens", "shard_meta", "write_shards"), "depthlab.data.batches"),
+        "load_sequences", "pack_tokens", "pad_tokens"), "depthlab.data.batches"),
+    **dict.fromkeys(("is_shard_dir", "shard_meta", "write_shards"), "depthlab.data.shards"),
     **dict.fromkeys((
         "BUILTIN_VAL_BOOKS", "VAL_FRACTION", "builtin_path", "is_val_document", "iter_documents"), "depthlab.data.corpora"),
     **dict.fromkeys((

@@ -1,4 +1,5 @@
-"""From documents to fixed-shape token batches: packing (default) or per-document padding.
+"""From documents (or token shards, :mod:`depthlab.data.shards`) to fixed-shape token batches: packing (default)
+or per-document padding.
 
 Packing (default): documents are encoded, each followed by EOS, concatenated, and cut into windows
 of ``seq_len + 1`` tokens; a window gives inputs ``x = w[:-1]`` and next-token labels ``y = w[1:]``
@@ -17,7 +18,6 @@ seed) — never on the model or scheme — and resuming means knowing ``g``.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from itertools import islice
 from pathlib import Path
@@ -28,25 +28,13 @@ import torch
 
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish
-from depthlab.data.corpora import SHARDS_META, builtin_path, iter_documents, resolve_files
-from depthlab.data.named import NAMED_CORPORA, named_fingerprint, shard_path
-from depthlab.data.tokenizers import Tokenizer, default_cache_dir
+from depthlab.data.corpora import builtin_path, iter_documents, resolve_files
+from depthlab.data.named import NAMED_CORPORA, named_fingerprint
+from depthlab.data.shards import reads_shards, shard_tokens
+from depthlab.data.tokenizers import Tokenizer, default_cache_dir, encode_documents
 from depthlab.models.decoder import IGNORE_INDEX  # the loss convention is the model's; re-exported by depthlab.data
 
 log = logging.getLogger(__name__)
-
-ENCODE_CHUNK = 512  # documents per encode_batch call
-
-
-def encode_documents(docs: Iterable[str], tokenizer: Tokenizer) -> Iterator[list[int]]:
-    """Encode documents in chunks (fast batched tokenizers), yielding one id list per document."""
-    it = iter(docs)
-    while True:
-        chunk = list(islice(it, ENCODE_CHUNK))
-        if not chunk:
-            return
-        yield from tokenizer.encode_batch(chunk)
-
 
 def pack_tokens(token_lists: Iterable[Sequence[int]], eos_id: int, window: int) -> np.ndarray:
     """Concatenate documents, each followed by EOS, into rows of ``window`` tokens (tail dropped)."""
@@ -81,69 +69,6 @@ def inputs_and_labels(rows: np.ndarray, lengths: np.ndarray | None = None) -> tu
 
 
 # ---------------------------------------------------------------------- token shards
-def is_shard_dir(spec: str) -> bool:
-    """True for a token-shard directory or a built named corpus (an unbuilt name raises)."""
-    return not spec.startswith("hf:") and spec != "builtin" and (shard_path(spec) / SHARDS_META).is_file()
-
-
-def shard_meta(spec: str) -> dict:
-    return json.loads((shard_path(spec) / SHARDS_META).read_text())
-
-
-def shard_tokens(spec: str, split: str) -> np.ndarray:
-    """The 1-D memmap of a shard directory's ``train`` or ``val`` tokens. A split stored in parts
-    (``meta["parts"][split]``: files cut at token boundaries, as named corpora are) is concatenated."""
-    meta, root = shard_meta(spec), shard_path(spec)
-    dtype = np.dtype(meta["dtype"])
-    parts = [p["file"] for p in meta.get("parts", {}).get(split, [])] or [f"{split}.bin"]
-    arrays = []
-    for name in parts:
-        path = root / name
-        if not path.is_file():
-            raise DepthlabError(f"token shards {spec!r} have no {split} split ({path.name} missing)")
-        arrays.append(np.memmap(path, dtype=dtype, mode="r"))
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-
-
-def shards_fit(spec: str, tokenizer: Tokenizer) -> bool:
-    """Whether a shard directory was tokenized with ``tokenizer`` (same vocabulary fingerprint)."""
-    return shard_meta(spec).get("fingerprint") == tokenizer.fingerprint()
-
-
-def reads_shards(spec: str, tokenizer: Tokenizer, split: str) -> bool:
-    """Whether ``split`` of ``spec`` comes from token shards. A named corpus asked for both splits,
-    or for another vocabulary than its shards', is encoded from its documents instead."""
-    if not is_shard_dir(spec):
-        return False
-    return spec not in NAMED_CORPORA or (split != "all" and shards_fit(spec, tokenizer))
-
-
-def write_shards(spec: str, tokenizer: Tokenizer, out_dir: str | Path, text_field: str = "text",
-                 command: str | None = None) -> dict:
-    """Tokenize a corpus once into ``out_dir/{train,val}.bin`` (uint16/uint32, EOS-separated) for
-    training on large data: ``--data out_dir`` then memory-maps them. Returns the metadata (``command``: the
-    command line that made them, recorded there)."""
-    out = Path(out_dir)
-    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DepthlabError(f"output {str(out)!r} already exists; choose a new --out")
-    out.mkdir(parents=True, exist_ok=True)
-    counts = {}
-    for split in ("train", "val"):
-        n = 0
-        with open(out / f"{split}.bin", "wb") as f:
-            for ids in encode_documents(iter_documents(spec, split, text_field), tokenizer):
-                arr = np.asarray([*ids, tokenizer.eos_id], dtype=dtype)
-                f.write(arr.tobytes())
-                n += len(arr)
-        counts[f"{split}_tokens"] = n
-    tokenizer.save(out / "tokenizer")
-    meta = {"dtype": np.dtype(dtype).name, "tokenizer": tokenizer.spec, "fingerprint": tokenizer.fingerprint(),
-            "source": spec, "text_field": text_field, **counts, **({"command": command} if command else {})}
-    (out / SHARDS_META).write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
-
-
 # ---------------------------------------------------------------------- training sequences
 class SeededOrder:
     """The order in which a training source serves its ``n`` items: global item ``g`` is

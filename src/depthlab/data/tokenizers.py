@@ -19,7 +19,8 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 
 from depthlab.base.errors import DepthlabError, first_line
@@ -32,6 +33,7 @@ EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 BPE_MAX_TEXTS = 200_000  # at most this many training documents feed a bpe:N tokenizer
 TOKENIZER_SPECS = ("bytes", "bpe:N", "hf:NAME_OR_PATH")
+ENCODE_CHUNK = 512  # documents per encode_batch call
 
 
 def default_cache_dir() -> Path:
@@ -246,6 +248,16 @@ def build_tokenizer(spec: str, train_texts: Iterable[str] | None = None, cache_d
     except (OSError, DepthlabError) as err:
         log.warning("could not cache tokenizer in %s: %s", cache, err)
     return tok
+
+
+def encode_documents(docs: Iterable[str], tokenizer: Tokenizer) -> Iterator[list[int]]:
+    """Encode documents in chunks (fast batched tokenizers), yielding one id list per document."""
+    it = iter(docs)
+    while True:
+        chunk = list(islice(it, ENCODE_CHUNK))
+        if not chunk:
+            return
+        yield from tokenizer.encode_batch(chunk)
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:

@@ -1,4 +1,4 @@
-"""LayerNorm Scaling (LNS) for Hugging Face decoder models (every family of :mod:`depthlab.hf.architectures` with pre-norms).
+"""LayerNorm Scaling (LNS) for Hugging Face decoder models (every family of :mod:`depthlab.hf.families` with pre-norms).
 
     from depthlab.hf import apply_layernorm_scaling, fold_layernorm_scaling, load
     model = AutoModelForCausalLM.from_config(config)      # or from_pretrained(...)
@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.architectures import Family, family_of, get_path, supporting
+from depthlab.hf.families import LNS_MODEL_TYPES, Family, family_of, get_path
 from depthlab.models.schemes import lns_scale
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,6 @@ log = logging.getLogger(__name__)
 #: The two pre-norms of a Llama-layout decoder layer that LNS scales (docs/paper.md §1.2); other families: their
 #: entry's ``pre_norms``.
 SCALED_NORMS: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
-#: The model types LNS supports (the registry's families with pre-norms).
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(supporting("lns"))
 
 #: Name of the ``config`` field that records LNS; saved by ``save_pretrained``.
 CONFIG_KEY = "layernorm_scaling"
@@ -76,7 +74,7 @@ def _model_type(model: nn.Module) -> str:
     if model_type is None:
         raise DepthlabError(
             f"{type(model).__name__} is not a Hugging Face transformers model (no config.model_type); "
-            "LayerNorm Scaling for HF models supports: " + ", ".join(supporting("lns"))
+            "LayerNorm Scaling for HF models supports: " + ", ".join(LNS_MODEL_TYPES)
             + " (depthlab's own models: build them with scheme='lns')"
         )
     return model_type
@@ -204,7 +202,7 @@ def load(path: str, auto_class: Any = None, **from_pretrained_kwargs: Any) -> nn
 
 
 __all__ = [
-    "SUPPORTED_MODEL_TYPES", "SCALED_NORMS", "CONFIG_KEY", "MARKER", "LayerNormScalingHook",
+    "SCALED_NORMS", "CONFIG_KEY", "MARKER", "LayerNormScalingHook",
     "apply_layernorm_scaling", "remove_layernorm_scaling", "fold_layernorm_scaling", "is_layernorm_scaled",
     "layernorm_scaling_marker", "load", "fold_norm_",
 ]

@@ -10,7 +10,7 @@ What changes in an HF causal LM when layers go:
 - every ``layer_idx`` attribute inside them (attention modules index the KV cache with it) is
   renumbered 0..k-1, so ``generate`` with a cache works;
 - ``config.num_hidden_layers`` becomes k and every per-layer fact the family's entry names is cut
-  (:func:`depthlab.hf.architectures.cut_config`): per-layer lists (``layer_types``, ``mlp_layer_types``,
+  (:func:`depthlab.hf.families.cut_config`): per-layer lists (``layer_types``, ``mlp_layer_types``,
   ``no_rope_layers``) sliced, index lists (``mlp_only_layers``, ``moe_layers``) renumbered, index rules
   (``max_window_layers``, ``first_k_dense_replace``, ``decoder_sparse_step``) rewritten;
 - tied embeddings stay tied (the copy shares the embedding and head as the original does).
@@ -34,7 +34,7 @@ from torch import nn
 
 from depthlab.analysis.diagnostics.capture import find_layers
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.architectures import (
+from depthlab.hf.families import (
     check_config,
     cut_config,
     family_of_model,
@@ -152,7 +152,8 @@ def hf_model_of(model: nn.Module) -> nn.Module:
 
 def write_hf(model: nn.Module, out: str | Path, tokenizer: Any = None, provenance: dict | None = None) -> Path:
     """``save_pretrained`` (safetensors) plus the tokenizer; ``provenance`` lands in config.json under ``depthlab``."""
-    from depthlab.hf.convert import save_hf_checkpoint, set_special_token_ids
+    from depthlab.hf.export import save_hf_checkpoint
+    from depthlab.hf.tokenizers import set_special_token_ids
 
     if tokenizer is not None and not hasattr(getattr(tokenizer, "tok", None), "all_special_ids"):
         set_special_token_ids(model, tokenizer)  # a depthlab tokenizer: its ids, not LlamaConfig's bos=1 / eos=2

@@ -24,6 +24,7 @@ from torch import nn
 from depthlab.analysis.diagnostics.capture import ResidualCapture, capture_of
 from depthlab.analysis.diagnostics.removal import joint_removal_loss
 from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import fresh_out
 from depthlab.base.metrics import perplexity
 from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.export import (
@@ -62,7 +63,7 @@ def check_options(opts: PruneOptions, n_layers: int | None = None, hf_config: An
     opts.validate(n_layers)
     check_heal(opts.heal)
     if hf_config is not None and opts.blocks and opts.unit == "block":
-        from depthlab.hf.architectures import check_config
+        from depthlab.hf.families import check_config
 
         check_config(hf_config, "prune", opts.blocks)
     if hf_config is not None and n_layers is not None and opts.remove is not None and opts.unit == "block":
@@ -138,9 +139,7 @@ def _survey(model: nn.Module, batches) -> dict[str, Any]:
 def check_in_memory(target: Target, opts: PruneOptions, out: Path) -> int:
     """A free ``out`` and :func:`check_model`, for an engine run without the dispatcher's checks
     (``depthlab.prune.units.prune_units_in_memory`` makes its own); returns the model's block count."""
-    from depthlab.targets.frame import Request, check_out
-
-    check_out(Request(target, opts, Path(out)))
+    fresh_out(out)
     return check_model(target, opts)
 
 

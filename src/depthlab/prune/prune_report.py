@@ -1,9 +1,11 @@
-"""The prune report: ``prune.json`` (every number), angular heatmaps before/after, ``report.html``."""
+"""The prune report: ``prune.json`` (every number), angular heatmaps before/after, ``report.html``; for blocks and,
+with ``--unit attn|mlp``, for sublayers (:func:`units_report`, :func:`write_units_report`), on either engine."""
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from depthlab.analysis.diagnostics.angular import pair_matrix_to_layout
 from depthlab.analysis.diagnostics.summary import ranges
 from depthlab.base.fileio import json_safe
 from depthlab.base.htmlpage import esc, img, kv_table, page, table
+from depthlab.base.metrics import perplexity
 from depthlab.base.provenance import versions
 
 log = logging.getLogger(__name__)
@@ -122,3 +125,61 @@ def write_report(report: dict[str, Any], out: str | Path) -> Path:
     path.write_text(render_html(data, figs))
     log.debug("wrote %s", path)
     return path
+
+
+# ---------------------------------------------------------------------------------------------- sublayers (--unit)
+def units_report(target, opts, removed, details, survey, losses, gen, batches, command, original_cost
+                 ) -> dict[str, Any]:
+    """prune.json's sections of a sublayer prune, on either engine."""
+    L = len(survey[opts.unit]["angular"])
+    return {
+        "model": {k: v for k, v in target.info.items() if k != "config"},
+        "unit": opts.unit, "method": details.pop("method"), "removed_blocks": removed,
+        "numbering": f"1-based numbers of the blocks whose {opts.unit} sublayer was removed",
+        "n_units": {"original": L, "pruned": L - len(removed)},
+        "selection": {"remove": opts.remove, "budget": opts.budget, "blocks": opts.blocks, **details},
+        "survey": survey,
+        "data": {"spec": opts.data, "split": "val", "tokens": survey["tokens"], "seq_len": batches.seq_len},
+        "loss": losses, "ppl": {k: perplexity(v) for k, v in losses.items()},
+        "generate": gen or None,
+        "cost": {"original": original_cost},
+        "options": {**asdict(opts), "heal": asdict(opts.heal)}, "command": command,
+    }
+
+
+def write_units_report(report: dict[str, Any], out: Path) -> Path:
+    """``prune.json`` and a short ``report.html``: losses, generative accuracy, speeds, the unit survey figure."""
+    from depthlab.analysis.plots.diagnostics import sublayer_units
+
+    report["summary"] = units_summary(report)
+    (out / "prune.json").write_text(json.dumps(json_safe({**report, "versions": versions()}), indent=2) + "\n")
+    fig = sublayer_units(report["survey"], out / "sublayers.png", f"Attention and MLP before pruning ({report['unit']})")
+    stages = list(report["loss"])
+    gen = report.get("generate") or {}
+    rows = [(s, f"{report['loss'][s]:.4f}", f"{report['ppl'][s]:.2f}",
+             f"{100 * gen[s]['acc']:.1f} %" if s in gen else "–") for s in stages]
+    lat, exp = (report.get("latency") or {}).get("models", {}), report["export"]
+    body = [f"<h1>depthlab prune --unit {esc(report['unit'])}</h1>", f'<p class="summary">{esc(report["summary"])}</p>',
+            table(["model", "held-out loss", "perplexity", "generative exact match"], rows),
+            "<h2>Speed (greedy generation)</h2>",
+            table(["model", "seconds", "tokens/s"], [(k, f"{v['seconds']:.3f}", f"{v['tokens_per_s']:.1f}")
+                                                     for k, v in lat.items()]) if lat else
+            "<p>not measured: the model was read one layer at a time (it needs the model in memory)</p>",
+            kv_table([("export max |Δ logit| vs the in-memory pruned model", f"{exp['max_abs_logit_diff']:.2e}"),
+                      ("zeroed projections vs zeroed branch outputs", f"{exp['max_abs_logit_diff_zeroed_vs_hooked']:.2e}")]),
+            img(fig, "attention and MLP per block"), f'<p class="muted">command: <code>{esc(report.get("command"))}</code></p>']
+    path = out / "report.html"
+    path.write_text(page("depthlab prune", body))
+    return path
+
+
+def units_summary(r: dict[str, Any]) -> str:
+    loss, gen = r["loss"], r.get("generate") or {}
+    g = "; generative exact match " + " -> ".join(f"{100 * gen[s]['acc']:.1f} %" for s in gen) if gen else ""
+    lat = r.get("latency")
+    own = f", depthlab skipping them x{lat['depthlab_speedup']:.2f}" if lat and "depthlab_speedup" in lat else ""
+    speed = (f"; generation speed of the export in plain transformers x{lat['export_speedup']:.2f} (the zeroed "
+             f"projections still run){own}" if lat else "; speed not measured (streamed: the zeroed projections "
+             "still run in plain transformers)")
+    return (f"Removed the {r['unit']} sublayer of blocks {r['removed_blocks']} ({r['method']}): held-out loss "
+            + " -> ".join(f"{loss[s]:.4f}" for s in loss if loss[s] is not None) + g + speed + ".")

@@ -63,7 +63,7 @@ def block_limits(config: Any) -> Allowed | None:
     """What an HF model's config lets go (the family registry's config limits, as data), None for no config."""
     if config is None:
         return None
-    from depthlab.hf.architectures import config_limit
+    from depthlab.hf.families import config_limit
 
     return lambda blocks: config_limit(config, "prune", sorted(blocks))
 

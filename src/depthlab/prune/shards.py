@@ -9,7 +9,7 @@ prefix is the family entry's ``layers``), and a checkpoint marked with LayerNorm
 layer's pre-norms (weight, and bias where there is one) scaled by the 1/sqrt(l) of its *original* depth l
 (as :func:`depthlab.hf.fold_layernorm_scaling` does in memory; the marker is dropped), so plain
 ``transformers`` loads the same function. The config is cut as :func:`depthlab.prune.export.drop_layers`
-cuts it (:func:`depthlab.hf.architectures.cut_config`). Tensors keep the checkpoint's dtype. Every file is
+cuts it (:func:`depthlab.hf.families.cut_config`). Tensors keep the checkpoint's dtype. Every file is
 written under a temporary name and renamed; ``config.json`` comes last.
 """
 
@@ -26,7 +26,7 @@ import torch
 
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish
-from depthlab.hf.architectures import Family, check_config, cut_config, family_of, layer_slice_index
+from depthlab.hf.families import Family, check_config, cut_config, family_of, layer_slice_index
 from depthlab.targets.engine import gib
 from depthlab.targets.stream.safetensors import INDEX_FILE, read_header, safetensors_files
 
@@ -158,7 +158,7 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
     """Write the checkpoint of ``src`` without blocks ``removed`` (1-based) into ``out``, the tensors ``zeroed``
     (checkpoint keys: ``prune --unit``'s output projections) written as zeros; returns what was written (files,
     bytes). Refuses, before writing anything, when the disk has no room for it."""
-    from depthlab.hf.convert import hf_tokenizer
+    from depthlab.hf.tokenizers import hf_tokenizer
     from depthlab.models.schemes import lns_scale
 
     config, keep, lns = pruned_config(src, removed, provenance)

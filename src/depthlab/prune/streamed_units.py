@@ -39,8 +39,9 @@ from depthlab.base.errors import DepthlabError
 from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.pipeline import held_out_batches
+from depthlab.prune.prune_report import units_report, write_units_report
 from depthlab.prune.streamed import LogitsConsumer, streamed_cost, transformers_check
-from depthlab.prune.units import choose_units, output_projection, units_report, write_units_report
+from depthlab.prune.units import choose_units, output_projection
 from depthlab.targets.branches import check_sublayers
 from depthlab.targets.engine import MEMORY_FRACTION, available_memory, engine_record
 from depthlab.targets.frame import Request

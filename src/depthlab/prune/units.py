@@ -23,7 +23,6 @@ import copy
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,10 +33,10 @@ from depthlab.analysis.diagnostics.capture import ResidualCapture, capture_of
 from depthlab.analysis.diagnostics.removal import nll_sum
 from depthlab.analysis.diagnostics.sublayers import SublayerAccumulator
 from depthlab.base.errors import DepthlabError
-from depthlab.base.metrics import perplexity
 from depthlab.data.batches import IGNORE_INDEX
 from depthlab.prune.export import cost, generation_latency, hf_model_of, lm_logits, plain_weights, verify_export, write_hf
 from depthlab.prune.pipeline import check_in_memory, held_out_batches
+from depthlab.prune.prune_report import units_report, write_units_report
 from depthlab.prune.select import largest_within_budget
 from depthlab.targets.branches import UNITS, check_sublayers, unit_modules, zeroed
 from depthlab.targets.layers import find_layers
@@ -291,25 +290,6 @@ def capture_of_model(model: nn.Module) -> ResidualCapture:
     return ResidualCapture(model, find_layers(model), lambda ids: lm_logits(model, ids))
 
 
-def units_report(target, opts, removed, details, survey, losses, gen, batches, command, original_cost
-                 ) -> dict[str, Any]:
-    """prune.json's sections of a sublayer prune, on either engine."""
-    L = len(survey[opts.unit]["angular"])
-    return {
-        "model": {k: v for k, v in target.info.items() if k != "config"},
-        "unit": opts.unit, "method": details.pop("method"), "removed_blocks": removed,
-        "numbering": f"1-based numbers of the blocks whose {opts.unit} sublayer was removed",
-        "n_units": {"original": L, "pruned": L - len(removed)},
-        "selection": {"remove": opts.remove, "budget": opts.budget, "blocks": opts.blocks, **details},
-        "survey": survey,
-        "data": {"spec": opts.data, "split": "val", "tokens": survey["tokens"], "seq_len": batches.seq_len},
-        "loss": losses, "ppl": {k: perplexity(v) for k, v in losses.items()},
-        "generate": gen or None,
-        "cost": {"original": original_cost},
-        "options": {**asdict(opts), "heal": asdict(opts.heal)}, "command": command,
-    }
-
-
 def _latency(original: nn.Module, pruned: nn.Module, exported: nn.Module, opts: Any, removed: list[int],
              ids: torch.Tensor) -> dict[str, Any]:
     """Greedy generation time: the original, the export as plain transformers runs it (zeroed projections still
@@ -340,49 +320,6 @@ class _Generating:
         for _ in range(max_new_tokens):
             ids = torch.cat([ids, self.model(ids).logits[:, -1:].argmax(-1)], dim=1)
         return ids
-
-
-def write_units_report(report: dict[str, Any], out: Path) -> Path:
-    """``prune.json`` and a short ``report.html``: losses, generative accuracy, speeds, the unit survey figure."""
-    import json
-
-    from depthlab.analysis.plots.diagnostics import sublayer_units
-    from depthlab.base.fileio import json_safe
-    from depthlab.base.htmlpage import esc, img, kv_table, page, table
-    from depthlab.base.provenance import versions
-
-    report["summary"] = units_summary(report)
-    (out / "prune.json").write_text(json.dumps(json_safe({**report, "versions": versions()}), indent=2) + "\n")
-    fig = sublayer_units(report["survey"], out / "sublayers.png", f"Attention and MLP before pruning ({report['unit']})")
-    stages = list(report["loss"])
-    gen = report.get("generate") or {}
-    rows = [(s, f"{report['loss'][s]:.4f}", f"{report['ppl'][s]:.2f}",
-             f"{100 * gen[s]['acc']:.1f} %" if s in gen else "–") for s in stages]
-    lat, exp = (report.get("latency") or {}).get("models", {}), report["export"]
-    body = [f"<h1>depthlab prune --unit {esc(report['unit'])}</h1>", f'<p class="summary">{esc(report["summary"])}</p>',
-            table(["model", "held-out loss", "perplexity", "generative exact match"], rows),
-            "<h2>Speed (greedy generation)</h2>",
-            table(["model", "seconds", "tokens/s"], [(k, f"{v['seconds']:.3f}", f"{v['tokens_per_s']:.1f}")
-                                                     for k, v in lat.items()]) if lat else
-            "<p>not measured: the model was read one layer at a time (it needs the model in memory)</p>",
-            kv_table([("export max |Δ logit| vs the in-memory pruned model", f"{exp['max_abs_logit_diff']:.2e}"),
-                      ("zeroed projections vs zeroed branch outputs", f"{exp['max_abs_logit_diff_zeroed_vs_hooked']:.2e}")]),
-            img(fig, "attention and MLP per block"), f'<p class="muted">command: <code>{esc(report.get("command"))}</code></p>']
-    path = out / "report.html"
-    path.write_text(page("depthlab prune", body))
-    return path
-
-
-def units_summary(r: dict[str, Any]) -> str:
-    loss, gen = r["loss"], r.get("generate") or {}
-    g = "; generative exact match " + " -> ".join(f"{100 * gen[s]['acc']:.1f} %" for s in gen) if gen else ""
-    lat = r.get("latency")
-    own = f", depthlab skipping them x{lat['depthlab_speedup']:.2f}" if lat and "depthlab_speedup" in lat else ""
-    speed = (f"; generation speed of the export in plain transformers x{lat['export_speedup']:.2f} (the zeroed "
-             f"projections still run){own}" if lat else "; speed not measured (streamed: the zeroed projections "
-             "still run in plain transformers)")
-    return (f"Removed the {r['unit']} sublayer of blocks {r['removed_blocks']} ({r['method']}): held-out loss "
-            + " -> ".join(f"{loss[s]:.4f}" for s in loss if loss[s] is not None) + g + speed + ".")
 
 
 __all__ = ["UNITS", "prune_units_in_memory", "zero_units", "output_projection", "choose_units", "units_loss"]

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from depthlab.base.errors import DepthlabError
+from depthlab.base.fileio import fresh_out
 from depthlab.targets.engine import EnginePlan, engine_of
 from depthlab.targets.stream.resume import owned_state
 
@@ -108,30 +109,13 @@ def plan_of(target: Any) -> EnginePlan:
 
 
 # ---------------------------------------------------------------------------------------------- shared checks
-def not_fresh(out: Path) -> str | None:
-    """Why ``out`` cannot take a command's output (it holds a run, a model, a report, other files), or None."""
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        return None
-    if not out.is_dir():
-        return "is an existing file, not a directory"
-    if (out / "checkpoint").is_dir() or (out / "trainer_state.json").is_file():
-        return "is a depthlab run directory"
-    if (out / "config.json").is_file():
-        return "is a model directory (config.json)"
-    for report, command in (("report.json", "diagnose"), ("prune.json", "prune")):
-        if (out / report).is_file():
-            return f"already holds a {command} report ({report})"
-    return "is not empty"
-
-
 def check_out(request: Request) -> None:
-    """``--out`` new or empty, and creatable: before anything is loaded (the output appears whole at the end)."""
+    """``--out`` new or empty (:func:`depthlab.base.fileio.fresh_out`, the one such check) and creatable: before
+    anything is loaded (the output appears whole at the end)."""
     out = request.out
     if out is None:
         return
-    why = not_fresh(out)
-    if why:
-        raise DepthlabError(f"--out {str(out)!r} {why}; give a new or empty directory")
+    fresh_out(out)
     parent = out
     while not parent.exists():
         parent = parent.parent

@@ -8,10 +8,10 @@ from __future__ import annotations
 from torch import nn
 
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.architectures import FAMILIES, family_of, get_path
+from depthlab.hf.families import family_of, get_path, known_family
 from depthlab.models.decoder import SchemedModel
 
-#: Where other HF models (encoders, families not in depthlab.hf.architectures) keep their layer list, relative to
+#: Where other HF models (encoders, families not in depthlab.hf.families) keep their layer list, relative to
 #: ``model.base_model`` (tried in order).
 LAYER_PATHS: tuple[str, ...] = ("layers", "h", "blocks", "encoder.layer", "decoder.layers", "transformer.h",
                                 "model.layers", "layer")
@@ -19,13 +19,12 @@ LAYER_PATHS: tuple[str, ...] = ("layers", "h", "blocks", "encoder.layer", "decod
 
 def find_layers(model: nn.Module) -> nn.ModuleList:
     """The ordered residual blocks of a depthlab ``DecoderLM`` or ``ViT``, or of a Hugging Face model: a decoder
-    family's entry says where they sit (:mod:`depthlab.hf.architectures`); other models are searched."""
+    family's entry says where they sit (:mod:`depthlab.hf.families`); other models are searched."""
     if isinstance(model, SchemedModel):
         return model.blocks
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type in FAMILIES:
-        fam = family_of(model_type, "diagnose")
-        layers = get_path(model, fam.layers)
+    if known_family(model_type) is not None:
+        layers = get_path(model, family_of(model_type, "diagnose").layers)
         if isinstance(layers, nn.ModuleList) and len(layers) > 0:
             return layers
     for root in (getattr(model, "base_model", None), model):

@@ -7,7 +7,7 @@
 :func:`open_run` is the one run loader: the in-memory engine builds the model from its tensors, the layer-streamed
 engine (:mod:`depthlab.targets.stream`) reads them one layer at a time, and both report the same ``info``.
 
-A run's model is rebuilt from the family and scheme its config.json names (``depthlab.models.families``), from the
+A run's model is rebuilt from the family and scheme its config.json names (``depthlab.models.kinds``), from the
 newest intact checkpoint (``depthlab.base.store.checkpoint``); weights of another scheme are refused. A ViT run is
 diagnosed on the held-out images it evaluated on: its data spec (``--data`` overrides it) split as the
 trainer splits it (``depthlab.data.images``).
@@ -25,7 +25,7 @@ import torch
 from depthlab.base.errors import DepthlabError, first_line
 from depthlab.base.store.checkpoint import load_intact, read_weights
 from depthlab.base.store.integrity import first_nonfinite
-from depthlab.models.families import family_named
+from depthlab.models.kinds import kind_named
 from depthlab.targets.target import Target
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class RunCheckpoint:
 
     path: Path  # the checkpoint directory
     config: dict[str, Any]  # the run's config.json, as the checkpoint holds it
-    family: Any  # depthlab.models.families.Family
+    kind: Any  # depthlab.models.kinds.ModelKind: LM or ViT
     model_cfg: Any  # its family's config (ModelConfig, ViTConfig)
     tokenizer: Any  # the run's tokenizer, or None
     meta: dict[str, str] = field(default_factory=dict)  # model.safetensors' metadata (scheme, aliases)
@@ -68,7 +68,7 @@ class RunCheckpoint:
                 "scheme_options": cfg.scheme_options, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
                 "n_heads": cfg.n_heads, "d_ff": cfg.d_ff, "n_params": n_params, "config": cfg.to_dict(),
                 "train": self.config.get("train")}
-        if self.family.name == "lm":
+        if self.kind.name == "lm":
             info.update(architecture="depthlab.DecoderLM", n_kv_heads=cfg.kv_heads, vocab_size=cfg.vocab_size)
         return info
 
@@ -82,8 +82,8 @@ def open_run(path: str | Path, weights: bool = True) -> RunCheckpoint:
 
     ckpt, data = load_intact(path, with_optimizer=False, with_model=False)
     config = data["config"]
-    family = family_named(config.get("family"))  # LM or ViT (runs from before families: LM)
-    model_cfg = family.config_type.from_dict(config["model"])
+    kind = kind_named(config.get("family"))  # LM or ViT (runs from before kinds: LM)
+    model_cfg = kind.config_type.from_dict(config["model"])
     scheme = data["meta"].get("scheme")
     if scheme != model_cfg.scheme:
         raise DepthlabError(f"checkpoint {str(ckpt)!r} holds weights of scheme {scheme!r}, "
@@ -95,7 +95,7 @@ def open_run(path: str | Path, weights: bool = True) -> RunCheckpoint:
             break
     if tokenizer is None and config.get("tokenizer") is not None:
         log.warning("no tokenizer/ found beside %s", ckpt)
-    run = RunCheckpoint(ckpt, config, family, model_cfg, tokenizer, meta=data["meta"])
+    run = RunCheckpoint(ckpt, config, kind, model_cfg, tokenizer, meta=data["meta"])
     if weights:
         run.read_weights()
     return run
@@ -111,7 +111,7 @@ def load_run_checkpoint(path: str | Path, device: str | torch.device | None = No
     """:func:`load_run` plus the checkpoint directory used: ``(model, tokenizer, config_dict, checkpoint)``.
     ``run``: the checkpoint already opened (its tensors are read now if they were not)."""
     run = run if run is not None else open_run(path)
-    model = run.family.with_weights(run.model_cfg, run.read_weights(), f"checkpoint {str(run.path)!r}", device)
+    model = run.kind.with_weights(run.model_cfg, run.read_weights(), f"checkpoint {str(run.path)!r}", device)
     return model, run.tokenizer, run.config, run.path
 
 

@@ -1,15 +1,15 @@
 """How the trainer drives each model family: what differs between training a language model and a ViT.
 
-    tf = train_family(model_cfg)             # by the config's model family (depthlab.models.families)
+    tf = train_family(model_cfg)             # by the config's model kind (depthlab.models.kinds)
     run = tf.open_run(model_cfg, train_cfg, out, resume, env)   # checks (+ tokenizer for LMs)
     data = tf.load_data(run, env)            # TrainData: .train.rank_batch(step, ...), held-out, probe batch
-    model = tf.family.build(run.model_cfg, device)
+    model = tf.kind.build(run.model_cfg, device)
     module = tf.loss_module(model)           # forward(x, y, hidden, logits) -> LossOutput
     evaluator = tf.evaluator(forward, data, env, model, cfg)    # .evaluate() -> result with .record/.summary
 
 The loop (``depthlab.train.loop``) only ever calls these; ``config.json`` records the family's name so
 that ``load_run`` and ``diagnose`` rebuild the right model (runs written before families existed are LMs).
-Building models is :mod:`depthlab.models.families`; the preset tables are :mod:`depthlab.models.presets`.
+Building models is :mod:`depthlab.models.kinds`; the preset tables are :mod:`depthlab.models.presets`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from depthlab.models.families import Family, family_of
+from depthlab.models.kinds import ModelKind, kind_of
 from depthlab.train import distributed as D
 from depthlab.train import vit_family as V
 from depthlab.train.config import TrainConfig
@@ -34,7 +34,7 @@ from depthlab.train.step import Forward
 class TrainFamily:
     """How the trainer opens, feeds and evaluates runs of one model family."""
 
-    family: Family  # how its models are built (depthlab.models.families)
+    kind: ModelKind  # how its models are built (depthlab.models.kinds)
     open_run: Callable[..., Any]  # (model_cfg, train_cfg, out, resume, env) -> RunSetup
     load_data: Callable[..., TrainData]  # (run, env) -> TrainData
     loss_module: Callable[[nn.Module], nn.Module]  # model -> module(x, y, hidden, logits) -> LossOutput
@@ -44,7 +44,7 @@ class TrainFamily:
 
     @property
     def name(self) -> str:
-        return self.family.name
+        return self.kind.name
 
     def evaluator(self, forward: Forward, data: TrainData, env: D.DistEnv, model: nn.Module,
                   cfg: TrainConfig) -> Evaluator:
@@ -67,5 +67,5 @@ _TRAINERS: dict[str, dict[str, Any]] = {
 
 def train_family(model_cfg: Any) -> TrainFamily:
     """The trainer's side of ``model_cfg``'s family (DepthlabError for a config of no known family)."""
-    family = family_of(model_cfg)
-    return TrainFamily(family, **_TRAINERS[family.name])
+    kind = kind_of(model_cfg)
+    return TrainFamily(kind, **_TRAINERS[kind.name])

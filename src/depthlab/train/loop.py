@@ -131,7 +131,7 @@ def _train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bo
     if start is not None:
         extra["tokenizer"] = start.tokenizer  # fine-tuning: the source's tokenizer (LMs)
     run = family.open_run(model_cfg, train_cfg, out, resume, env, **extra)  # bad input fails here or in the next
-    n_params = family.family.num_params(run.model_cfg)
+    n_params = family.kind.num_params(run.model_cfg)
     check_memory(n_params, run.cfg, device)  # weights, gradients and Adam state: before anything is written
     run = dataclasses.replace(run, cfg=run.cfg.replace(compile=choose_compile(run.cfg, device, n_params)))  # auto
     data = start.load_data(run.cfg, run.tokenizer, env) if start else family.load_data(run, env)  # line; no writes
@@ -189,7 +189,7 @@ def _start_session(family: TrainFamily, run: RunSetup, data: TrainData, config: 
     cfg = run.cfg
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
-    model = family.family.build(run.model_cfg, device=device)
+    model = family.kind.build(run.model_cfg, device=device)
     if cfg.weights == "bf16":  # cast before the start weights load: they may be bf16 already (finetune)
         from depthlab.train.bf16_weights import cast_weights, upcast_linears
 

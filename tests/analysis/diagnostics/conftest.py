@@ -17,17 +17,10 @@ def tiny_model():
 
 
 def tiny_hf_llama(n_layers: int = 4):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The registry's tiny Llama (norm weights jittered, so a wrong or missing norm shows)."""
+    from depthlab.hf.tiny import tiny_model
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=n_layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # non-trivial norm weights, so a wrong/missing norm shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model
+    return tiny_model("llama", num_hidden_layers=n_layers)
 
 
 @pytest.fixture

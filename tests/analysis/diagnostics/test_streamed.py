@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from streaming_models import KINDS, hf_dir, save_hf, tiny_hf
 from test_streamed_units_lens import units_lens_diff
+from tiny_models import KINDS, hf_dir, save_hf, tiny_hf
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose, load_target
 from depthlab.base.precision import default_compute_dtype

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from streaming_models import hf_dir
+from tiny_models import hf_dir
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
 from depthlab.base.errors import DepthlabError

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from streaming_models import family_dir, flat, hf_dir
+from tiny_models import family_dir, flat, hf_dir
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose, load_target
 from depthlab.targets.stream.lanes import Lane, Layout, sublayer_lanes

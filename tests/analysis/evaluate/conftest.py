@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from evaldata import ITEMS, write_jsonl
 
 
@@ -26,6 +25,8 @@ def tiny_hf_dir(tmp_path_factory) -> Path:
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+    from depthlab.hf.tiny import tiny_model
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -33,12 +34,8 @@ def tiny_hf_dir(tmp_path_factory) -> Path:
                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=256, initializer_range=0.5, bos_token_id=0, eos_token_id=1,
-                                   tie_word_embeddings=False)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = tiny_model("llama", jitter=False, vocab_size=tok.get_vocab_size(), num_hidden_layers=2, initializer_range=0.5,
+                       bos_token_id=0, eos_token_id=1, pad_token_id=None, tie_word_embeddings=False)
     out = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(out)
     fast.save_pretrained(out)

@@ -26,11 +26,11 @@ from depthlab.data import (
     load_sequences,
     load_tokenizer,
 )
-from depthlab.data.batches import shard_tokens
 from depthlab.data.named import corpus_root
 from depthlab.data.opencorpus import NAME, build, toy_options, verify
 from depthlab.data.opencorpus import readers as R
 from depthlab.data.opencorpus.build import MIN_PARAGRAPH, _norm
+from depthlab.data.shards import shard_tokens
 
 PART = 16 * 1024  # a tiny part limit, so the dry run writes several parts
 

@@ -138,7 +138,7 @@ def test_an_lns_marked_hf_model_is_fine_tuned_as_lns_with_its_own_tokenizer(tmp_
     import depthlab.train.loop as loop
     from depthlab.data.tokenizers import _train_bpe
     from depthlab.hf import apply_layernorm_scaling
-    from depthlab.hf.convert import hf_tokenizer
+    from depthlab.hf.tokenizers import hf_tokenizer
 
     texts = [f"word{i} and more words {i * 7}" for i in range(200)]
     from depthlab.data.sft import TEMPLATES
@@ -178,7 +178,7 @@ def test_a_tied_embedding_hf_model_fine_tunes_checkpoints_resumes_and_starts_a_t
 
     from depthlab.data.sft import TEMPLATES
     from depthlab.data.tokenizers import _train_bpe
-    from depthlab.hf.convert import hf_tokenizer
+    from depthlab.hf.tokenizers import hf_tokenizer
 
     texts = [f"word{i} and more words {i * 7}" for i in range(200)]
     tok = hf_tokenizer(_train_bpe(400, texts + [TEMPLATES["alpaca"].prompt_no_input] * 20, "bpe:400"))

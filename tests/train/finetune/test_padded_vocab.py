@@ -14,7 +14,7 @@ from depthlab.cli import main
 from depthlab.targets import load_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from streaming_models import save_hf  # noqa: E402
+from tiny_models import save_hf  # noqa: E402
 
 
 def test_a_padded_vocabulary_hf_model_fine_tunes_and_resumes_exactly(tmp_path):

@@ -31,13 +31,12 @@ import numpy as np
 
 from depthlab.base.errors import DepthlabError, choices
 from depthlab.base.fileio import publish
-from depthlab.data.batches import encode_documents
 from depthlab.data.corpora import BUILTIN_VAL_BOOKS
 from depthlab.data.named import SHARDS_META, corpus_root
 from depthlab.data.opencorpus import readers as R
 from depthlab.data.opencorpus.fetch import fetch, sha256_file, write_json_atomic
 from depthlab.data.opencorpus.sources import SOURCE_NAMES, SOURCES, Source
-from depthlab.data.tokenizers import Tokenizer, build_tokenizer
+from depthlab.data.tokenizers import Tokenizer, build_tokenizer, encode_documents
 
 log = logging.getLogger(__name__)
 

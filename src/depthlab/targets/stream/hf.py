@@ -3,7 +3,7 @@
     source = HFLayerSource(Path("hf-dir"), TensorStore(files), device, torch.bfloat16, torch.float32)
 
 The skeleton is transformers' own ``AutoModelForCausalLM`` built from the checkpoint's config (every family of
-:mod:`depthlab.hf.architectures` that does not refuse streaming; LayerNorm Scaling restored from its config marker,
+:mod:`depthlab.hf.families` that does not refuse streaming; LayerNorm Scaling restored from its config marker,
 as :func:`depthlab.hf.load` does; MoE experts stored one by one are fused by transformers' own checkpoint
 conversion, one layer at a time). Where the blocks and the final norm sit comes from the family's entry. Block 1's
 input is what the model's own forward hands it (embedding scaled, position embeddings added: Gemma, GPT-2,
@@ -113,7 +113,7 @@ def _conversion(model: nn.Module, store: TensorStore) -> tuple[list, dict[str, l
 
 class HFLayerSource(LayerSource):
     """An HF causal LM directory: transformers' own classes, built from its config on the meta device; where the
-    blocks and the final norm sit comes from the family's entry (:mod:`depthlab.hf.architectures`). Block 1's input
+    blocks and the final norm sit comes from the family's entry (:mod:`depthlab.hf.families`). Block 1's input
     is what the model's own forward hands it (embedding scaled, position embeddings added: Gemma, GPT-2, Granite),
     and the logits what the LM's own forward makes of the final norm's output (soft-capping, logit scaling)."""
 
@@ -121,7 +121,7 @@ class HFLayerSource(LayerSource):
                  compute_dtype: torch.dtype) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from depthlab.hf.architectures import family_of, split_path
+        from depthlab.hf.families import family_of, split_path
         from depthlab.hf.lns import apply_layernorm_scaling, layernorm_scaling_marker
 
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)

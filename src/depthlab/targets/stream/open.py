@@ -62,7 +62,7 @@ class Located:
 
 def locate(name: str) -> Located | str:
     """The streamable checkpoint ``name`` designates, or a sentence saying why it is not streamable."""
-    from depthlab.hf.architectures import check_config, family_of
+    from depthlab.hf.families import check_config, family_of
 
     path = Path(name).expanduser()
     if not path.is_dir():
@@ -95,8 +95,8 @@ def _locate_run(path: Path) -> Located | str:
         run = open_run(path, weights=False)
     except DepthlabError as err:
         return first_line(err)
-    if run.family.name != "lm":
-        return f"a {run.family.name} run is not streamable (only decoder LM runs are)"
+    if run.kind.name != "lm":
+        return f"a {run.kind.name} run is not streamable (only decoder LM runs are)"
     return Located("run", run.path, (run.path / "model.safetensors",), run.config, run)
 
 
