@@ -110,14 +110,31 @@ def plan_of(target: Any) -> EnginePlan:
 
 # ---------------------------------------------------------------------------------------------- shared checks
 def check_out(request: Request) -> None:
-    """``--out`` new or empty (:func:`depthlab.base.fileio.fresh_out`, the one such check) and creatable: before
-    anything is loaded (the output appears whole at the end)."""
+    """``--out`` new or empty (:func:`depthlab.base.fileio.fresh_out`, the one such check; the line says what the
+    directory holds) and creatable: before anything is loaded (the output appears whole at the end)."""
     out = request.out
     if out is None:
         return
-    fresh_out(out)
+    try:
+        fresh_out(out)
+    except DepthlabError:
+        raise DepthlabError(f"--out {str(out)!r} {_holds(out)}; give a new or empty directory") from None
     parent = out
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise DepthlabError(f"--out {str(out)!r}: {str(parent)!r} is not a writable directory")
+
+
+def _holds(out: Path) -> str:
+    """What an occupied ``out`` is, for the refusal: a file, a run, a model, a report, or other files."""
+    if not out.is_dir():
+        return "is an existing file, not a directory"
+    if (out / "checkpoint").is_dir() or (out / "trainer_state.json").is_file():
+        return "is a depthlab run directory"
+    if (out / "config.json").is_file():
+        return "is a model directory (config.json)"
+    for report, command in (("report.json", "diagnose"), ("prune.json", "prune")):
+        if (out / report).is_file():
+            return f"already holds a {command} report ({report})"
+    return "exists and is not empty"

@@ -13,7 +13,6 @@ import pytest
 from tiny_models import family_dir, flat, hf_dir
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose, load_target
-from depthlab.targets.stream.lanes import Lane, Layout, sublayer_lanes
 from depthlab.targets.stream.open import open_streamed
 from depthlab.targets.stream.sweep import SweepSettings
 
@@ -90,12 +89,3 @@ def test_the_lens_decoded_one_sequence_at_a_time_and_units_without_removal(tmp_p
     for unit in ("attn", "mlp"):
         for key in ("contribution", "angular"):
             assert max(abs(u - v) for u, v in zip(got["sublayers"][unit][key], want["sublayers"][unit][key])) <= 1e-5
-
-
-def test_unit_lanes_are_born_at_their_block_and_zero_only_it():
-    L = 3
-    lanes = [Lane("base"), *sublayer_lanes(L)]
-    layout = Layout.of(lanes, L)
-    assert layout.born == [0, 1, 1, 2, 2, 3, 3]  # attn:l and mlp:l branch off the base at block l
-    assert layout.runs(2) == [(0, 3, ()), (3, 4, ("attn",)), (4, 5, ("mlp",))]
-    assert layout.runs(3) == [(0, 5, ()), (5, 6, ("attn",)), (6, 7, ("mlp",))]
