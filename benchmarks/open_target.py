@@ -45,9 +45,9 @@ CHILD = textwrap.dedent("""
     cpu, f32 = torch.device("cpu"), torch.float32
     import transformers, safetensors  # noqa: E401 - imported before the clock starts, in both trees
     from depthlab.targets import load_target
-    from depthlab.targets.layerwise import open_layerwise
-    if variant == "old":
+    if variant == "old":  # the older tree's modules
         from depthlab.analysis.diagnostics.streamed_runner import plan_engine
+        from depthlab.targets.layerwise import open_layerwise
     t0 = time.perf_counter()
     if variant == "old":  # the command line before: plan (checkpoint opened), then load (opened again)
         plan = plan_engine(run, cpu, f32, engine == "streamed" or None)

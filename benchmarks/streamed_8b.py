@@ -253,9 +253,11 @@ def transformers_check(original: Path, pruned: Path, removed: list[int], n_token
 
     from transformers import AutoModelForCausalLM
 
-    from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, SweepSettings
     from depthlab.prune.streamed import LogitsConsumer
-    from depthlab.targets.layerwise import locate, open_layerwise, stored_bytes, tensor_index
+    from depthlab.targets.stream.lanes import Lane
+    from depthlab.targets.stream.open import locate, open_streamed, stored_bytes
+    from depthlab.targets.stream.safetensors import tensor_index
+    from depthlab.targets.stream.sweep import SweepBatch, Sweeper, SweepSettings
 
     found = locate(str(pruned))
     index = tensor_index(list(found.files))
@@ -267,9 +269,9 @@ def transformers_check(original: Path, pruned: Path, removed: list[int], n_token
                            "are available"}
     ids = torch.arange(10, 10 + n_tokens)[None] * 7 % 250
     consumer = LogitsConsumer()
-    target = open_layerwise(str(original), "cpu", torch.bfloat16, torch.float32)
+    target = open_streamed(str(original), "cpu", torch.bfloat16, torch.float32)
     Sweeper(target, SweepSettings(progress=False)).sweep("check", [SweepBatch(ids, states=False)],
-                                                         [Stream("skip", frozenset(removed))], False, consumer)
+                                                         [Lane("skip", frozenset(removed))], False, consumer)
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(str(pruned), dtype=torch.bfloat16).eval()
     model.model.embed_tokens.float()
@@ -435,10 +437,10 @@ def _smollm2_dir(args: argparse.Namespace) -> Path:
 @torch.no_grad()
 def run_rows(args: argparse.Namespace, streams: int = 31, seqs: int = 8, seq_len: int = 256) -> dict:
     """Seconds per token row of one SmolLM2 layer (the 4th) by token rows per call, interleaved rounds."""
-    from depthlab.analysis.diagnostics.streamed import CPU_ROWS_PER_CALL
-    from depthlab.targets.layerwise import open_layerwise
+    from depthlab.targets.stream.open import open_streamed
+    from depthlab.targets.stream.sweep import CPU_ROWS_PER_CALL
 
-    src = open_layerwise(str(_smollm2_dir(args))).source
+    src = open_streamed(str(_smollm2_dir(args))).source
     call = src.layer_calls(seq_len)[3]
     torch.manual_seed(0)
     x = torch.randn(streams * seqs, seq_len, int(src.skeleton.config.hidden_size))
@@ -463,10 +465,9 @@ def run_rows(args: argparse.Namespace, streams: int = 31, seqs: int = 8, seq_len
 
 def run_rows_ab(args: argparse.Namespace) -> dict:
     """The streamed diagnose of SmolLM2 at 2,048 tokens with the CPU row cap and without it, interleaved."""
-    from depthlab.analysis.diagnostics import DiagnoseOptions
-    from depthlab.analysis.diagnostics import streamed as engine
-    from depthlab.analysis.diagnostics.streamed_runner import diagnose_streamed
-    from depthlab.targets.layerwise import open_layerwise
+    from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
+    from depthlab.targets.stream import sweep as engine
+    from depthlab.targets.stream.open import open_streamed
 
     path, cap = str(_smollm2_dir(args)), engine.CPU_ROWS_PER_CALL
     opts = DiagnoseOptions(tokens=2048, jacobian=False, joint_check=False, progress=False)
@@ -475,10 +476,10 @@ def run_rows_ab(args: argparse.Namespace) -> dict:
     for r in range(args.repeats):
         for name in ("capped", "uncapped")[:: 1 if r % 2 == 0 else -1]:
             engine.CPU_ROWS_PER_CALL = cap if name == "capped" else 1 << 40
-            target = open_layerwise(path)
+            target = open_streamed(path)
             out[name]["rows_per_call"] = engine.Sweeper(target)._budget()[1]
             t0 = time.perf_counter()
-            reports[name] = diagnose_streamed(target, opts)
+            reports[name] = diagnose(target, opts)
             out[name]["seconds"].append(round(time.perf_counter() - t0, 1))
     engine.CPU_ROWS_PER_CALL = cap
     a, b = reports["capped"], reports["uncapped"]

@@ -69,7 +69,7 @@ def test_streamed_diagnose_equals_in_memory(model_type, tmp_path_factory):
 def test_streamed_blocks_get_their_own_per_token_inputs(model_type, tmp_path_factory, monkeypatch):
     """Each block's per-token arguments (Gemma 4: its slice of the per-layer embeddings; DeepSeek-V4: the ids its
     hash router reads) are the batch's own: handing every block block 1's, or another batch's, breaks the equality."""
-    from depthlab.targets.layerwise import HFLayerSource
+    from depthlab.targets.stream.hf import HFLayerSource
 
     _, path = tiny(model_type, tmp_path_factory)
     in_memory = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS))
@@ -81,10 +81,10 @@ def test_streamed_blocks_get_their_own_per_token_inputs(model_type, tmp_path_fac
 def test_per_token_inputs_are_computed_again_after_a_resume(tmp_path_factory):
     """A sweep resumed after its embedding step has no kept per-token inputs: the layer call computes them again from
     the ids, the same as the embedding step kept, and block 2's output is the same."""
-    from depthlab.targets.layerwise import open_layerwise
+    from depthlab.targets.stream.open import open_streamed
 
     _, path = tiny("gemma4_text", tmp_path_factory)
-    src = open_layerwise(str(path)).source
+    src = open_streamed(str(path)).source
     ids = IDS[:, :8]
     with src.embedding() as embed:
         h = embed(ids)

@@ -64,7 +64,7 @@ def _skipping(model, ids: torch.Tensor, blocks) -> torch.Tensor:
 
 
 def _batches(path):
-    from depthlab.analysis.diagnostics.runner import TextBatches
+    from depthlab.analysis.diagnostics.heldout import TextBatches
 
     target = load_target(str(path))
     return TextBatches(target, DiagnoseOptions(**OPTS, split="val"))

@@ -12,11 +12,10 @@ from tiny_models import hf_dir
 
 from depthlab.data.tokenizers import model_tokenizer
 from depthlab.models.decoder import IGNORE_INDEX
-from depthlab.prune import HealOptions, PruneOptions
+from depthlab.prune import HealOptions, PruneOptions, prune_target
 from depthlab.prune.heal import chunked_lm_loss, heal
 from depthlab.prune.heal_stored import load_stored, write_stored
-from depthlab.prune.streamed import prune_streamed
-from depthlab.targets.layerwise import open_layerwise
+from depthlab.targets.stream.open import open_streamed
 
 OPTS = dict(data="builtin", tokens=96, seq_len=32, batch_size=2, progress=False, latency_tokens=2)
 HEAL = dict(steps=3, mode="lora", lr=1e-2, batch_size=2, seq_len=32, lora_rank=2, progress=False)
@@ -113,15 +112,15 @@ def test_streamed_prune_heals_the_kept_blocks_as_in_memory_healing_does(tmp_path
     """The streamed engine's heal (kept blocks loaded from the written checkpoint, healed, written back) gives the
     weights that healing the pruned checkpoint loaded by transformers gives, and checks its own export."""
     path = hf_dir(tmp_path, "llama", 4)
-    plain = prune_streamed(open_layerwise(str(path)), PruneOptions(**OPTS, blocks=[3]), tmp_path / "plain")
-    healed = prune_streamed(open_layerwise(str(path)), PruneOptions(**OPTS, blocks=[3], heal=HealOptions(**HEAL)),
+    plain = prune_target(open_streamed(str(path)), PruneOptions(**OPTS, blocks=[3]), tmp_path / "plain")
+    healed = prune_target(open_streamed(str(path)), PruneOptions(**OPTS, blocks=[3], heal=HealOptions(**HEAL)),
                             tmp_path / "healed")
     assert healed["heal"]["mode"] == "lora" and len(healed["heal"]["train_loss"]) == 3
     assert healed["loss"]["pruned"] == pytest.approx(plain["loss"]["pruned"], abs=1e-6)
     assert healed["loss"]["healed"] is not None and healed["loss"]["healed"] != healed["loss"]["pruned"]
     assert healed["export"]["max_abs_logit_diff"] <= 1e-4  # the healed files vs the healed model in memory
     assert healed["export"]["pruned_cut"]["max_abs_logit_diff_vs_skipping_in_original"] <= 1e-4
-    ref, _ = heal(_from_pretrained(tmp_path / "plain"), open_layerwise(str(path)).tokenizer, HealOptions(**HEAL))
+    ref, _ = heal(_from_pretrained(tmp_path / "plain"), open_streamed(str(path)).tokenizer, HealOptions(**HEAL))
     got = _from_pretrained(tmp_path / "healed")
     ref_state = ref.state_dict()
     for name, t in got.state_dict().items():

@@ -267,7 +267,7 @@ def test_smollm2_attention_units_export_from_gguf(tmp_path):
     save_pretrained; the unit export drops it as the block export does, and reloads with the zeroed model's logits."""
     from transformers import AutoModelForCausalLM
 
-    from depthlab.analysis.diagnostics.sublayers import unit_modules, zeroed
+    from depthlab.targets.branches import unit_modules, zeroed
     from depthlab.targets.layers import find_layers
 
     out = tmp_path / "smollm2-attn"

@@ -4,6 +4,10 @@ transformers loads with the in-memory pruned model's logits and cached generate.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +18,7 @@ from depthlab.base.errors import DepthlabError
 from depthlab.cli import main
 from depthlab.hf.tiny import byte_tokenizer
 from depthlab.prune import PruneOptions, prune_target
-from depthlab.prune.streamed import prune_streamed
-from depthlab.targets.layerwise import open_layerwise
+from depthlab.targets.stream.open import open_streamed
 
 OPTS = dict(data="builtin", tokens=96, seq_len=32, batch_size=2, progress=False, latency_tokens=2)
 
@@ -42,7 +45,7 @@ def _same_checkpoints(a, b, vocab: int = 300) -> None:
 def _both(path, tmp_path, **kw):
     opts = PruneOptions(**{**OPTS, **kw})
     mem = prune_target(load_target(str(path)), opts, tmp_path / "mem")
-    streamed = prune_streamed(open_layerwise(str(path)), opts, tmp_path / "streamed")
+    streamed = prune_target(open_streamed(str(path)), opts, tmp_path / "streamed")
     return mem, streamed
 
 
@@ -96,7 +99,7 @@ def test_streamed_prune_refuses_before_writing(tmp_path, monkeypatch, capsys):
     assert "cannot stream 'preset:tiny'" in capsys.readouterr().err
     monkeypatch.setattr(shards.shutil, "disk_usage", lambda p: type("U", (), {"free": 1000})())
     with pytest.raises(DepthlabError, match="not enough disk for the pruned checkpoint"):
-        prune_streamed(open_layerwise(str(path)), PruneOptions(**OPTS, remove=1), tmp_path / "c")
+        prune_target(open_streamed(str(path)), PruneOptions(**OPTS, remove=1), tmp_path / "c")
     assert not list((tmp_path / "c").glob("*.safetensors"))
 
 
@@ -116,6 +119,48 @@ def test_prune_cli_streams_and_says_so(tmp_path, capsys):
     assert AutoTokenizer.from_pretrained(out).encode("In the beginning") == byte_tokenizer().encode("In the beginning")
 
 
+_KILLED = """
+import os, signal, sys, torch
+from pathlib import Path
+sys.path.insert(0, {src!r})
+torch.set_num_threads(1)
+from depthlab.prune import PruneOptions, prune_target
+from depthlab.targets.stream.sweep import SweepSettings
+
+def on_layer(name, group, layer):
+    if name == "greedy-2" and layer == 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # kill -9: no cleanup of any kind
+
+opts = PruneOptions(method="removal", remove=2, stream=True, data="builtin", tokens=96, seq_len=32, batch_size=2,
+                    progress=False)
+prune_target({path!r}, opts, Path({out!r}), settings=SweepSettings(progress=False, on_layer=on_layer))
+"""
+
+
+def test_a_streamed_prune_killed_mid_sweep_resumes_with_the_same_choice(tmp_path):
+    """``prune --stream`` killed with kill -9 in its second greedy step: the same command continues (the survey and
+    the first step from their saved results, the second after its last saved layer) and chooses, writes and reports
+    what an uninterrupted run does; its resume state goes once the checkpoint is published."""
+    from depthlab.targets.stream.resume import state_dir
+
+    path, out = hf_dir(tmp_path, "llama", 5), tmp_path / "pruned"
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    code = textwrap.dedent(_KILLED.format(src=src, path=str(path), out=str(out)))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert (state_dir(out) / "greedy-2").is_dir() and not out.exists()
+    assert main(["prune", str(path), "--method", "removal", "--remove", "2", "--stream", "--out", str(out),
+                 "--tokens", "96", "--seq-len", "32", "--batch-size", "2", "--no-progress"]) == 0
+    rep = json.loads((out / "prune.json").read_text())
+    resumed = {r["pass"]: r["layer"] for r in rep["engine"]["resumed"]}
+    assert resumed == {"survey": 6, "greedy-1": 6, "greedy-2": 2}  # finished passes: L + 1; greedy-2: its layer 2
+    assert not state_dir(out).exists()
+    whole = prune_target(str(path), PruneOptions(**{**OPTS, "latency_tokens": 16}, method="removal", remove=2,
+                                                 stream=True), tmp_path / "whole")
+    assert rep["removed_blocks"] == whole["removed_blocks"] and rep["loss"] == whole["loss"]
+    assert rep["selection"]["greedy_path"] == whole["selection"]["greedy_path"]
+
+
 @pytest.mark.slow
 def test_streamed_prune_of_smollm2_equals_in_memory(smollm2_dir, tmp_path):
     """SmolLM2-135M: the streamed angular-block choice is the in-memory survey's, and the checkpoint written shard
@@ -128,7 +173,7 @@ def test_streamed_prune_of_smollm2_equals_in_memory(smollm2_dir, tmp_path):
     from depthlab.prune.select import angular_block, survey_model
 
     opts = PruneOptions(**{**OPTS, "tokens": 32, "batch_size": 1}, method="angular-block", remove=6)
-    streamed = prune_streamed(open_layerwise(str(smollm2_dir)), opts, tmp_path / "streamed")
+    streamed = prune_target(open_streamed(str(smollm2_dir)), opts, tmp_path / "streamed")
     target = load_target(str(smollm2_dir))
     survey = survey_model(capture_of(target), held_out_batches(target, opts))
     assert streamed["removed_blocks"] == angular_block(survey.angular, 6)

@@ -19,7 +19,8 @@ def _loss(model, batches):
 def test_greedy_attention_removal_on_qwen2_equals_zeroed_projections_in_transformers(hf_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from depthlab.analysis.diagnostics.runner import DiagnoseOptions, TextBatches
+    from depthlab.analysis.diagnostics import DiagnoseOptions
+    from depthlab.analysis.diagnostics.heldout import TextBatches
     from depthlab.targets import load_target
 
     src = hf_dir("qwen2", 4)
@@ -91,11 +92,11 @@ def test_registry_families_measure_units_where_their_blocks_have_them_and_say_wh
     """Every family of the registry: its tiny model either has an attention and an MLP branch for every block, and
     zeroing a unit's output projection equals zeroing the branch (where a single projection exists), or diagnose goes
     on without units (a one-line DepthlabError from check_sublayers says why)."""
-    from depthlab.analysis.diagnostics.sublayers import check_sublayers, unit_modules, zeroed
     from depthlab.base.errors import DepthlabError
     from depthlab.hf.families import FAMILIES
     from depthlab.hf.tiny import tiny_model
     from depthlab.prune.units import zero_units
+    from depthlab.targets.branches import check_sublayers, unit_modules, zeroed
     from depthlab.targets.layers import find_layers
 
     ids, covered = torch.randint(0, 100, (1, 7)), []

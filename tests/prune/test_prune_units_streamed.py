@@ -12,7 +12,7 @@ from tiny_models import family_dir, hf_dir
 from depthlab.cli import main
 from depthlab.prune import PruneOptions, prune_target
 from depthlab.targets import load_target
-from depthlab.targets.layerwise import open_layerwise
+from depthlab.targets.stream.open import open_streamed
 
 OPTS = dict(data="builtin", tokens=96, seq_len=32, batch_size=2, progress=False, latency_tokens=2)
 FAST = ["--tokens", "96", "--seq-len", "32", "--batch-size", "2", "--no-progress"]
@@ -42,7 +42,7 @@ def test_streamed_unit_prune_equals_in_memory(tmp_path, kind, unit, sel, tol):
     path = family_dir(tmp_path, kind) if kind == "qwen3_moe" else hf_dir(tmp_path, kind, 5, max_shard_size="40KB")
     opts = PruneOptions(unit=unit, **sel, **OPTS)
     mem = prune_target(load_target(str(path)), opts, tmp_path / "mem")
-    streamed = prune_target(open_layerwise(str(path)), opts, tmp_path / "streamed")
+    streamed = prune_target(open_streamed(str(path)), opts, tmp_path / "streamed")
     assert streamed["engine"]["name"] == "streamed"
     assert streamed["unit"] == unit and streamed["removed_blocks"] == mem["removed_blocks"]
     assert streamed["method"] == mem["method"]
@@ -73,7 +73,7 @@ def test_only_the_removed_projections_change(tmp_path):
     from safetensors.torch import load_file
 
     path = hf_dir(tmp_path, "qwen2-tied", 4)  # q/k/v biases; o_proj has none
-    rep = prune_target(open_layerwise(str(path)), PruneOptions(unit="attn", blocks=[2, 4], **OPTS), tmp_path / "o")
+    rep = prune_target(open_streamed(str(path)), PruneOptions(unit="attn", blocks=[2, 4], **OPTS), tmp_path / "o")
     assert rep["removed_blocks"] == [2, 4]
     src, got = load_file(path / "model.safetensors"), load_file(tmp_path / "o" / "model.safetensors")
     assert set(src) == set(got)

@@ -15,7 +15,7 @@ from depthlab.base.errors import DepthlabError
 from depthlab.prune import PruneOptions, prune_target
 from depthlab.targets import load_target
 from depthlab.targets.engine import plan_engine
-from depthlab.targets.layerwise import StreamTarget
+from depthlab.targets.stream.open import StreamTarget
 from depthlab.targets.target import Target
 
 OPTS = dict(tokens=96, seq_len=32, batch_size=2, jacobian=False, joint_check=False, progress=False)

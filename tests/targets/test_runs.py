@@ -11,8 +11,8 @@ import pytest
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import sha256_file
 from depthlab.targets import load_target
-from depthlab.targets.layerwise import locate
 from depthlab.targets.runs import load_run_checkpoint, open_run
+from depthlab.targets.stream.open import locate
 
 
 @pytest.fixture(scope="module")

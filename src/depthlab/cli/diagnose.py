@@ -96,108 +96,68 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _seq_len(asked: int | None, target) -> int:
-    """``--seq-len``, refused past the model's context; unset: 256, or the context when shorter."""
+    """``--seq-len`` as given (past the model's context: refused by the library's checks); unset: 256, or the
+    context when shorter."""
+    return asked if asked is not None else min(256, target.max_seq_len or 256)
+
+
+def _default_out(target: str) -> Path:
+    """reports/<target name>, or the first of reports/<name>-2, -3, ... that is free: the default never overwrites an
+    earlier report."""
     from depthlab.base.errors import DepthlabError
+    from depthlab.base.fileio import fresh_out
 
-    limit = target.max_seq_len
-    if asked is not None and limit is not None and asked > limit:
-        raise DepthlabError(f"--seq-len {asked} exceeds the context {target.name!r} was made for ({limit} tokens)")
-    return asked if asked is not None else min(256, limit or 256)
-
-
-def _check(args: argparse.Namespace, given: dict):
-    """Every check that needs no model, before it is loaded: the options, the device and precision, the --mc task
-    (read whole), the output directory. Returns (device, weights dtype, compute dtype, out)."""
-    from depthlab.base.errors import DepthlabError
-
-    DiagnoseOptions(**given).validate()
-    device, weights, compute = device_precision(args)
-    mc = given.get("mc")
-    if mc is not None and not mc.startswith("hf:"):
-        from depthlab.analysis.evaluate import load_tasks
-
-        load_tasks([mc], given.get("mc_limit"))  # a missing, non-UTF-8 or malformed file: refused now
-    if args.out:
-        why = _not_fresh(Path(args.out))
-        if why:
-            raise DepthlabError(f"--out {args.out!r} {why}; give a new or empty directory for the report")
-        return device, weights, compute, Path(args.out)
-    base = Path("reports") / Path(args.target.replace("preset:", "")).name.replace(".gguf", "")
-    out, n = base, 1
-    while _not_fresh(out):  # the default never overwrites an earlier report: reports/x-2, reports/x-3, ...
-        n += 1
-        out = base.with_name(f"{base.name}-{n}")
-    return device, weights, compute, out
-
-
-def _not_fresh(out: Path) -> str | None:
-    """Why ``out`` cannot take a report (it holds a run, a model, a report, other files), or None."""
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        return None
-    if (out / "checkpoint").is_dir() or (out / "trainer_state.json").is_file():
-        return "is a depthlab run directory"
-    if (out / "config.json").is_file():
-        return "is a model directory (config.json)"
-    if (out / "report.json").is_file():
-        return "already holds a diagnose report (report.json)"
-    return "is not empty"
+    base = Path("reports") / Path(target.replace("preset:", "")).name.replace(".gguf", "")
+    for n in range(1, 10_000):
+        out = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            return fresh_out(out)
+        except DepthlabError:
+            continue
+    raise DepthlabError(f"no free reports/{base.name}-N left; give --out")
 
 
 def run(args: argparse.Namespace) -> int:
-    from depthlab.analysis.diagnostics.streamed import hold_state
-    from depthlab.analysis.diagnostics.streamed_runner import state_dir
-    from depthlab.targets import load_target
+    """Parse -> the library's checks and opening (depthlab.analysis.diagnostics.dispatch.CHECKS) -> this device's
+    defaults -> the library's run, which writes the report -> the summary."""
+    from depthlab.analysis.diagnostics import dispatch
+    from depthlab.base.provenance import command_line
+    from depthlab.targets.frame import Request, checked
 
     given = DIAGNOSE.given(args)
-    device, weights, compute, out = _check(args, given)
-    target = load_target(args.target, device=device, dtype=weights, compute_dtype=compute, scheme=args.scheme,
-                         progress=None if given.get("progress", True) else False, stream=given.get("stream"))
-    streamed = target.plan.streamed  # the library chose (depthlab.targets.engine); the line says why
-    with hold_state(state_dir(out) if streamed else None, out):  # one streamed writer of out at a time
-        return _diagnose(args, given, target, device, out)
+    device, weights, compute = device_precision(args)
+    out = Path(args.out) if args.out else _default_out(args.target)
+    request = Request(args.target, DiagnoseOptions(**given), out, device, weights, compute, args.scheme,
+                      None if given.get("progress", True) else False, command_line(args.argv), frozenset(given))
+    chosen: list[str] = []
+
+    def sized(request: Request, target) -> None:  # this device's defaults, before the checks of the opened model
+        request.opts, line = _sized(given, target, device)
+        chosen.append(line)
+
+    with checked(request, dispatch.CHECKS, prepare=sized) as target:
+        print(chosen[0], flush=True)  # stdout, once every check has passed: stderr stays one line when one fails
+        report = dispatch.run(request, target)
+    if report["data"]["short"]:
+        print(f"note: the data held only {report['data']['tokens']} tokens (asked for {request.opts.tokens}); used "
+              "what there is", file=sys.stderr)
+    print(report["summary"])
+    print(f"report: {out / 'report.html'}")
+    return 0
 
 
-def _diagnose(args: argparse.Namespace, given: dict, target, device, out: Path) -> int:
-    from depthlab.analysis.diagnostics import diagnose
-    from depthlab.base.errors import DepthlabError
-    from depthlab.base.provenance import command_line
-
+def _sized(given: dict, target, device) -> tuple[DiagnoseOptions, str]:
+    """The options with this device's defaults for what was not given (sequence length, tokens, Jacobians), and the
+    one line saying what was chosen and which engine runs and why."""
     streamed = target.plan.streamed
-    if streamed and given.get("jacobian"):
-        raise DepthlabError("--jacobian needs the model in memory (block Jacobians are not streamed); drop --jacobian "
-                            "or add --no-stream")
-    if streamed and given.get("tuned_lens"):
-        raise DepthlabError("--tuned-lens needs the model in memory (its maps are fitted on the kept states); drop "
-                            "--tuned-lens or add --no-stream")
+    given = dict(given)
     given["seq_len"] = _seq_len(given.get("seq_len"), target)
     if not target.causal:
-        log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", args.target)
+        log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", target.name)
     line = target.plan.line + ("; block Jacobians are in-memory only: off" if streamed else "")
     units = given.get("sublayers", True) and given.get("removal", True) and target.causal  # both engines: 3x the sweep
     given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), False if streamed else
                                                                   given.get("jacobian"), device.type, target.n_params,
                                                                   target.info.get("d_model"), given["seq_len"], line,
                                                                   3.0 if units else 1.0)
-    opts = DiagnoseOptions(**given)  # progress: a bar on a terminal, ETA log lines otherwise
-    opts.check_blocks(target.info.get("n_layers"))  # --jac-layers 99 of a 4-block model: before any pass
-    print(chosen, flush=True)  # stdout: stderr stays one line when a later check fails
-    report = diagnose(target, opts, command=command_line(args.argv), out=out)
-    return _publish(report, out, opts)
-
-
-def _publish(report: dict, out: Path, opts: DiagnoseOptions) -> int:
-    """Write the report whole (a hidden sibling renamed to ``out``), drop a streamed sweep's resume state, then
-    print the summary sentence and path (a note on stderr when the data was short)."""
-    from depthlab.analysis.diagnostics import write_report
-    from depthlab.analysis.diagnostics.streamed_runner import finish
-    from depthlab.base.fileio import publish_dir
-
-    with publish_dir(out) as tmp:
-        write_report(report, tmp)
-    finish(out)
-    if report["data"]["short"]:
-        print(f"note: the data held only {report['data']['tokens']} tokens (asked for {opts.tokens}); used what there is",
-              file=sys.stderr)
-    print(report["summary"])
-    print(f"report: {out / 'report.html'}")
-    return 0
+    return DiagnoseOptions(**given), chosen

@@ -58,30 +58,37 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Parse -> the library's checks and opening (depthlab.prune.dispatch.CHECKS) -> the plan line -> the library's
+    run, which writes the checkpoint and report -> what was written and checked."""
+    from pathlib import Path
 
     from depthlab.base.errors import DepthlabError
-    from depthlab.base.fileio import fresh_out
     from depthlab.base.provenance import command_line
-    from depthlab.prune import check_options, check_target, prune_target
-    from depthlab.targets import load_target
+    from depthlab.prune import dispatch
+    from depthlab.targets.frame import Request, checked
 
     if not args.out:
         raise DepthlabError("give --out DIR for the pruned checkpoint")
-    out = fresh_out(args.out)
     given = PRUNE.given(args)
     progress = given.pop("progress", True)  # a bar on a terminal, ETA log lines otherwise (depthlab.base.progress)
     base = PruneOptions()
     heal = HealOptions(**{"data": given.get("data", base.data), "seq_len": given.get("seq_len", base.seq_len),
                           **HEAL.given(args), "progress": progress})
     opts = PruneOptions(**given, heal=heal, progress=progress)
-    check_options(opts)  # what needs no model (--heal lora without peft too); block ranges once it is loaded
     lora = heal.mode == "lora" and heal.steps > 0  # the base stays frozen: bf16 weights hold it in half the memory
     device, weights, compute = device_precision(args, "bf16" if lora else "fp32")
-    target = load_target(args.target, device=device, dtype=weights, compute_dtype=compute,
-                         progress=None if progress else False, stream=opts.stream)  # the library picks the engine
-    check_target(target, opts, out)
-    print(f"prune on {device.type}: engine: {target.plan.line}", flush=True)  # once every check has passed
-    report = prune_target(target, opts, out, command=command_line(args.argv))
+    out = Path(args.out)
+    request = Request(args.target, opts, out, device, weights, compute, progress=None if progress else False,
+                      command=command_line(args.argv), asked=frozenset(given))
+    with checked(request, dispatch.CHECKS) as target:
+        print(f"prune on {device.type}: engine: {target.plan.line}", flush=True)  # once every check has passed
+        report = dispatch.run(request, target)
+    _said(report, target, out)
+    return 0
+
+
+def _said(report: dict, target, out) -> None:
+    """The summary, the export check and where the checkpoint is."""
     exp = report["export"]
     print(report.get("summary") or "")
     cached = exp["generate_cache_matches_no_cache"]
@@ -94,4 +101,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) loads it; report: {out / 'report.html'}")
     if report.get("run_dir"):
         print(f"depthlab run directory: {report['run_dir']} (depthlab diagnose / depthlab train --init-from accept it)")
-    return 0

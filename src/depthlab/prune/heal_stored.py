@@ -28,7 +28,7 @@ from torch import nn
 from depthlab.base.errors import DepthlabError
 from depthlab.prune.heal import heal
 from depthlab.prune.options import HealOptions
-from depthlab.targets.layerwise import read_header, safetensors_files, tensor_index
+from depthlab.targets.stream.safetensors import read_header, safetensors_files, tensor_index
 
 log = logging.getLogger(__name__)
 

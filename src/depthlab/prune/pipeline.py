@@ -3,10 +3,11 @@
 
     target = load_target("smollm2")
     report = prune_in_memory(target, PruneOptions(method="removal", remove=6), "pruned/smollm2-24")
-    # prune_target(target, ...) (depthlab.prune.engines) runs this, or the layer-streamed engine
+    # prune_target(target, ...) (depthlab.prune.dispatch) checks the request, then runs this or the streamed engine
 
-Everything the user can get wrong is checked before any pass over data, and the output directory is
-created only once the blocks are chosen: a bad request or a budget no block fits writes nothing.
+Everything the user can get wrong is checked by the dispatcher before any pass over data (:func:`check_model` is
+its check of the loaded model), and the output directory appears only once the export is verified and reported: a
+bad request or a budget no block fits writes nothing.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def hf_config_of(target: Target) -> Any:
 
 
 def held_out_batches(target: Target, opts: PruneOptions):
-    from depthlab.analysis.diagnostics.runner import DiagnoseOptions, TextBatches
+    from depthlab.analysis.diagnostics.heldout import TextBatches
+    from depthlab.analysis.diagnostics.options import DiagnoseOptions
 
     return TextBatches(target, DiagnoseOptions(data=opts.data, split="val", tokens=opts.tokens, seq_len=opts.seq_len,
                                             batch_size=opts.batch_size))
@@ -135,9 +137,15 @@ def _survey(model: nn.Module, batches) -> dict[str, Any]:
 
 
 def check_in_memory(target: Target, opts: PruneOptions, out: Path) -> int:
-    """Every refusal that needs the loaded model (an encoder, a scheme Llama cannot express, block ranges) and
-    a free ``out``, before any pass over data; returns the model's block count."""
+    """A free ``out`` and :func:`check_model`, for an engine run without the dispatcher's checks
+    (``depthlab.prune.units.prune_units_in_memory`` makes its own); returns the model's block count."""
     fresh_out(out)
+    return check_model(target, opts)
+
+
+def check_model(target: Target, opts: PruneOptions) -> int:
+    """Every refusal that needs the loaded model (an encoder, a scheme Llama cannot express, block ranges), before
+    any pass over data; returns the model's block count."""
     if not target.causal:
         raise DepthlabError(f"{target.name!r} is an encoder; depthlab prune needs a causal LM")
     check_prunable(target.model)
@@ -149,7 +157,8 @@ def check_in_memory(target: Target, opts: PruneOptions, out: Path) -> int:
 @logs_to_stderr
 def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command: str | None = None) -> dict[str, Any]:
     """Prune ``target`` as ``opts`` says and write the HF checkpoint, ``prune.json`` and ``report.html``
-    into ``out`` (plus ``out/run``, a depthlab run directory, for depthlab models). Returns the report.
+    into ``out`` (plus ``out/run``, a depthlab run directory, for depthlab models). Returns the report. Run by
+    :func:`depthlab.prune.prune_target` once its checks have passed (``--unit block``).
 
     An HF model is pruned in place: ``target.model`` is the pruned (and healed) model afterwards; load the target
     again for the original. Nothing the size of the model is copied for the before/after comparisons (the
@@ -165,10 +174,7 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
 
     t0 = time.time()
     out = Path(out)
-    L = check_in_memory(target, opts, out)
-    if opts.unit != "block":
-        raise DepthlabError(f"prune_in_memory removes blocks; --unit {opts.unit} is depthlab.prune.units."
-                            "prune_units_in_memory's (prune_target dispatches)")
+    L = len(find_layers(target.model))
     batches = held_out_batches(target, opts)
     before, sel = choose(target, opts, batches)
     gen = _generative(target, target.model, opts, {}, "original")

@@ -28,7 +28,7 @@ from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish
 from depthlab.hf.families import Family, check_config, cut_config, family_of, layer_slice_index
 from depthlab.targets.engine import gib
-from depthlab.targets.layerwise import INDEX_FILE, read_header, safetensors_files
+from depthlab.targets.stream.safetensors import INDEX_FILE, read_header, safetensors_files
 
 COPY_CHUNK = 16 << 20  # bytes copied at a time
 

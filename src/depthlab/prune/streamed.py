@@ -1,13 +1,13 @@
 """``depthlab prune`` on a model read one layer at a time: choose, cut and check without holding the model.
 
     target = load_target("path/to/hf-dir", dtype=torch.bfloat16, stream=True)
-    report = prune_streamed(target, PruneOptions(method="angular-block", remove=8), "pruned/x")
-    # or prune_target(target, ...) (depthlab.prune.engines), which runs the engine of the target it is given
+    report = prune_target(target, PruneOptions(method="angular-block", remove=8), "pruned/x")   # depthlab.prune
+    # prune_target checks the request (check_plan, check_model below among them), then runs prune_streamed
 
 The same choices as in memory (:func:`depthlab.prune.select.select_blocks`: greedy removal, angular-block,
 block influence, ``--blocks``; ``--remove`` or ``--budget``), measured by sweeps of the streamed engine
-(:mod:`depthlab.analysis.diagnostics.streamed`): the survey (loss, all-pairs angular distance, block influence) is
-one sweep; each greedy step is one sweep carrying one stream per candidate block; each joint loss is one
+(:mod:`depthlab.targets.stream.sweep`): the survey (loss, all-pairs angular distance, block influence) is
+one sweep; each greedy step is one sweep carrying one lane per candidate block; each joint loss is one
 sweep. The checkpoint is then cut file by file (:mod:`depthlab.prune.shards`) and checked: the logits of
 the written checkpoint, read layer by layer, against the original model with those blocks skipped; and,
 when the pruned model fits in memory, loaded with plain ``transformers`` (logits, cached ``generate``).
@@ -30,30 +30,31 @@ import torch
 
 from depthlab.analysis.diagnostics.angular import AngularAccumulator
 from depthlab.analysis.diagnostics.removal import nll_sum
-from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, SweepSettings
-from depthlab.analysis.diagnostics.streamed_runner import LossConsumer, joint_loss, state_dir
+from depthlab.analysis.diagnostics.streamed import LossConsumer, joint_loss
 from depthlab.base.errors import DepthlabError
-from depthlab.base.fileio import fresh_out
 from depthlab.base.metrics import perplexity
 from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.pipeline import check_options, held_out_batches
 from depthlab.prune.select import InfluenceAccumulator, Selection, Survey, block_limits, check_blocks, select_blocks
 from depthlab.prune.shards import write_pruned_shards
-from depthlab.targets.engine import MEMORY_FRACTION, available_memory, engine_record
-from depthlab.targets.layerwise import StreamTarget, locate, open_layerwise, stored_bytes
+from depthlab.targets.engine import MEMORY_FRACTION, EnginePlan, available_memory, engine_record
+from depthlab.targets.frame import Request
+from depthlab.targets.stream.lanes import Lane
+from depthlab.targets.stream.open import StreamTarget, locate, open_streamed, stored_bytes
+from depthlab.targets.stream.sweep import SweepBatch, Sweeper, SweepSettings
 
 log = logging.getLogger(__name__)
 
 
 class SurveyConsumer:
-    """The base stream's loss, all-pairs angular distance and block influence (``survey_model``'s numbers)."""
+    """The base lane's loss, all-pairs angular distance and block influence (``survey_model``'s numbers)."""
 
     def __init__(self, n_layers: int) -> None:
         self.angular, self.influence = AngularAccumulator(n_layers + 1), InfluenceAccumulator(n_layers)
         self.total, self.count = 0.0, 0
 
-    def logits(self, stream: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
+    def logits(self, lane: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
         s, n = nll_sum(logits, batch.labels)
         self.total, self.count = self.total + s, self.count + n
 
@@ -77,13 +78,13 @@ class SurveyConsumer:
 
 
 class LogitsConsumer:
-    """Keeps the logits of every stream (a probe batch)."""
+    """Keeps the logits of every lane (a probe batch)."""
 
     def __init__(self) -> None:
         self.out: dict[int, torch.Tensor] = {}
 
-    def logits(self, stream: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
-        self.out[stream] = logits.detach().float().cpu()
+    def logits(self, lane: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
+        self.out[lane] = logits.detach().float().cpu()
 
     def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None:
         pass
@@ -109,24 +110,24 @@ class StreamedMeasure:
 
     def survey(self, name: str = "survey") -> Survey:
         consumer = SurveyConsumer(self.n_layers)
-        self.sweeper.sweep(name, self.text, [Stream("base")], True, consumer)
+        self.sweeper.sweep(name, self.text, [Lane("base")], True, consumer)
         return consumer.survey()
 
     def joint_loss(self, blocks: list[int]) -> float:
         return joint_loss(self.sweeper, self.text, blocks)
 
     def greedy_losses(self, removed: set[int], candidates: list[int]) -> dict[int, float]:
-        """Loss with ``removed`` and each candidate removed: one sweep, one stream per candidate."""
+        """Loss with ``removed`` and each candidate removed: one sweep, one lane per candidate."""
         base = frozenset(removed)
-        streams = [Stream("base", base), *(Stream(f"candidate:{m}", base | {m}) for m in candidates)]
-        consumer = LossConsumer(len(streams))
+        lanes = [Lane("base", base), *(Lane(f"candidate:{m}", base | {m}) for m in candidates)]
+        consumer = LossConsumer(len(lanes))
         self.steps += 1
-        self.sweeper.sweep(f"greedy-{self.steps}", self.text, streams, False, consumer)
+        self.sweeper.sweep(f"greedy-{self.steps}", self.text, lanes, False, consumer)
         return {m: consumer.loss(i) for i, m in enumerate(candidates, start=1)}
 
     def logits(self, ids: torch.Tensor, skip: list[int], name: str) -> torch.Tensor:
         consumer = LogitsConsumer()
-        self.sweeper.sweep(name, [SweepBatch(ids, states=False)], [Stream("probe", frozenset(skip))], False, consumer)
+        self.sweeper.sweep(name, [SweepBatch(ids, states=False)], [Lane("probe", frozenset(skip))], False, consumer)
         return consumer.out[0]
 
 
@@ -143,17 +144,36 @@ def streamed_cost(target: StreamTarget, seq_len: int) -> dict[str, int]:
             "n_layers": target.source.n_layers}
 
 
-def check_stream_target(target: StreamTarget, opts: PruneOptions, out: Path) -> None:
-    """:func:`depthlab.prune.pipeline.check_in_memory` for a model read one layer at a time."""
-    fresh_out(out)
-    if target.kind != "hf-causal-lm":
-        raise DepthlabError("streamed pruning writes HF checkpoints from HF safetensors directories; prune a depthlab "
-                            "run in memory (--no-stream)")
+STREAMED_HF_ONLY = ("streamed pruning writes HF checkpoints from HF safetensors directories; prune a depthlab run in "
+                    "memory (--no-stream)")
+
+
+def check_plan(request: Request, plan: EnginePlan) -> None:
+    """What a streamed prune cannot do, refused once the engine is chosen (no weight read): ``--generate`` (it needs
+    the model in memory), healing removed sublayers (it would move their zeroed projections), a depthlab run
+    (streamed pruning writes HF checkpoints), healing other than LoRA."""
+    opts = request.opts
+    if not plan.streamed:
+        return
+    if opts.generate:
+        raise DepthlabError("--generate needs the model in memory; the streamed engine scores likelihood only "
+                            "(--no-stream)")
+    if opts.unit != "block" and opts.heal.steps > 0:
+        raise DepthlabError(f"--heal with --unit {opts.unit} needs the model in memory (healing the written checkpoint "
+                            "would move its zeroed projections); drop --heal-steps or add --no-stream")
+    if plan.found is not None and plan.found.kind != "hf":
+        raise DepthlabError(STREAMED_HF_ONLY)
     if opts.heal.steps > 0 and opts.heal.mode != "lora":
         raise DepthlabError(f"--heal {opts.heal.mode} trains every weight with its optimizer state, and this model is "
                             "streamed: heal it with --heal lora (only the kept blocks are loaded, frozen in their "
                             "stored dtype), or use --no-stream")
-    check_options(opts, target.source.n_layers, target.source.skeleton.config)
+
+
+def check_model(request: Request, target: StreamTarget) -> None:
+    """The block ranges against the opened model and what its family's config allows (the in-memory checks)."""
+    if target.kind != "hf-causal-lm":  # a target opened directly, without a plan that located it
+        raise DepthlabError(STREAMED_HF_ONLY)
+    check_options(request.opts, target.source.n_layers, target.source.skeleton.config)
 
 
 def choose_streamed(measure: StreamedMeasure, opts: PruneOptions) -> tuple[Survey, Selection]:
@@ -172,34 +192,16 @@ def choose_streamed(measure: StreamedMeasure, opts: PruneOptions) -> tuple[Surve
 
 
 @logs_to_stderr
-def prune_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, command: str | None = None,
-                   settings: SweepSettings | None = None) -> dict[str, Any]:
+def prune_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command: str | None,
+                   settings: SweepSettings) -> dict[str, Any]:
     """Prune ``target`` as ``opts`` says, reading it one layer at a time; write the HF checkpoint, ``prune.json``
-    and ``report.html`` into ``out``, whole or not at all (a hidden sibling renamed once verified and reported;
-    the sweeps' resume state lives beside it). Returns the report (:func:`depthlab.prune.prune_target`'s shape)."""
-    return run_held(_prune_streamed, target, opts, out, command, settings)
-
-
-def run_held(body, target: StreamTarget, opts: PruneOptions, out: str | Path, command: str | None,
-             settings: SweepSettings | None) -> dict[str, Any]:
-    """``body(target, opts, out, command, settings, t0)`` once the target and ``out`` are checked, holding ``out``'s
-    resume state (one writer of ``out`` at a time): the frame of every streamed prune."""
-    from depthlab.analysis.diagnostics.streamed import hold_state
-
-    t0, out = time.time(), Path(out)
-    check_stream_target(target, opts, out)
-    settings = settings or SweepSettings(progress=opts.progress)
-    settings.state_dir = settings.state_dir or state_dir(out)
-    with hold_state(settings.state_dir, out):
-        return body(target, opts, out, command, settings, t0)
-
-
-def _prune_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command: str | None, settings: SweepSettings,
-                    t0: float) -> dict[str, Any]:
-    from depthlab.analysis.diagnostics.streamed import clear_state
+    and ``report.html`` into ``out``, whole or not at all (a hidden sibling renamed once verified and reported).
+    Returns the report (:func:`depthlab.prune.prune_target`'s shape). Run by :func:`depthlab.prune.prune_target`
+    once its checks have passed, holding the resume state (``settings.state_dir``)."""
     from depthlab.base.fileio import publish_dir
     from depthlab.prune.prune_report import write_report
 
+    t0 = time.time()
     batches = held_out_batches(target, opts)
     measure = StreamedMeasure(target, [SweepBatch(x, y) for x, y in batches], settings)
     if not measure.text:
@@ -209,7 +211,7 @@ def _prune_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command
         written = write_pruned_shards(target.path, sel.removed, tmp, {"pruned_from": str(target.name),
                                       "removed_blocks": sel.removed, "method": sel.method,
                                       "healed_steps": opts.heal.steps}, target.tokenizer)
-        pruned = open_layerwise(str(tmp), target.device, target.source.dtype, target.source.compute_dtype)
+        pruned = open_streamed(str(tmp), target.device, target.source.dtype, target.source.compute_dtype)
         after_measure = StreamedMeasure(pruned, measure.text, settings)
         after = after_measure.survey("survey-pruned")
         ids = measure.text[0].ids[:2, :64]
@@ -220,7 +222,6 @@ def _prune_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command
         report.update(export={**check, "dir": str(out), "written": written}, command=command,
                       seconds=round(time.time() - t0, 2))
         write_report(report, tmp)
-    clear_state(settings.state_dir)
     return report
 
 
@@ -233,7 +234,7 @@ def _heal_streamed(target: StreamTarget, opts: PruneOptions, tmp: Path, ids: tor
 
     src = target.source
     info, probe = heal_stored(tmp, target.tokenizer, opts.heal, ids, target.device, src.compute_dtype)
-    healed = StreamedMeasure(open_layerwise(str(tmp), target.device, src.dtype, src.compute_dtype), text, settings)
+    healed = StreamedMeasure(open_streamed(str(tmp), target.device, src.dtype, src.compute_dtype), text, settings)
     survey = healed.survey("survey-healed")
     report["loss"]["healed"], report["ppl"]["healed"] = survey.loss, perplexity(survey.loss)
     report["angular"]["healed"] = survey.angular
@@ -322,6 +323,6 @@ def _engine(measure: StreamedMeasure, after: StreamedMeasure) -> dict[str, Any]:
             "sweeps": st.passes, "weight_passes": st.weight_passes, "layers_computed": st.layers_computed,
             "block_evals": st.block_evals, "token_evals": st.token_evals, "head_tokens": st.head_tokens,
             "sweep_seconds": round(st.seconds, 2), "bytes_read": meter.bytes_read, "peak_weight_bytes": meter.peak,
-            "stream_bytes": st.stream_bytes, "resumed": st.resumed,
+            "stream_bytes": st.lane_bytes, "resumed": st.resumed,
             "pruned_sweeps": after.sweeper.stats.passes, "pruned_bytes_read": after.target.source.store.meter.bytes_read,
             "not_done": "healing and generation latency (they need the model in memory)"}

@@ -1,13 +1,13 @@
 """``prune --unit attn|mlp`` on a model read one layer at a time: the in-memory choice, measured by sweeps.
 
     target = load_target("path/to/hf-dir", stream=True)
-    report = prune_units_streamed(target, PruneOptions(unit="attn", method="removal", remove=4), "pruned/attn-4")
-    # or prune_target(target, ...) (depthlab.prune.engines), which runs the engine of the target it is given
+    report = prune_target(target, PruneOptions(unit="attn", method="removal", remove=4), "pruned/attn-4")
+    # prune_target (depthlab.prune) checks the request (check_model below among them), then runs prune_units_streamed
 
 The choice is :func:`depthlab.prune.units.choose_units`, the in-memory one, fed by sweeps of the streamed engine
-(:mod:`depthlab.analysis.diagnostics.streamed`) through :class:`StreamedUnits`: the survey (loss, and each block's
+(:mod:`depthlab.targets.stream.sweep`) through :class:`StreamedUnits`: the survey (loss, and each block's
 attention / MLP contribution and angular distance, measured while the block is loaded) is one sweep; each greedy
-step is one sweep carrying one stream per candidate (``Stream.zero``: the base with the units removed so far zeroed,
+step is one sweep carrying one lane per candidate (``Lane.zero``: the base with the units removed so far zeroed,
 each candidate born at its block with its unit zeroed too); each joint loss (``--budget``) is one sweep.
 
 The export is the checkpoint copied shard by shard with the removed units' output projections (``o_proj`` /
@@ -16,9 +16,9 @@ The export is the checkpoint copied shard by shard with the removed units' outpu
 (:func:`depthlab.prune.shards.write_pruned_shards`): the same architecture and depth, which plain ``transformers``
 loads with the in-memory unit-pruned export's logits, and no faster there. It is checked layer by layer (the
 written files against the original with those branches zeroed) and, when it fits in memory, with plain
-``transformers`` (logits, cached ``generate``). Not done here: healing (refused in one line before any work:
-the LoRA heal of the written checkpoint would move the zeroed projections), ``--generate`` and the generation
-latency (they need the model in memory).
+``transformers`` (logits, cached ``generate``). Not done here: healing (refused in one line before any work,
+:func:`depthlab.prune.streamed.check_plan`: the LoRA heal of the written checkpoint would move the zeroed
+projections), ``--generate`` and the generation latency (they need the model in memory).
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ from typing import Any
 import torch
 
 from depthlab.analysis.diagnostics.removal import nll_sum
-from depthlab.analysis.diagnostics.streamed import Stream, SweepBatch, Sweeper, SweepSettings, Taps
-from depthlab.analysis.diagnostics.streamed_runner import LossConsumer
-from depthlab.analysis.diagnostics.sublayers import SublayerAccumulator, check_sublayers
+from depthlab.analysis.diagnostics.streamed import LossConsumer
+from depthlab.analysis.diagnostics.sublayers import SublayerAccumulator
 from depthlab.base.errors import DepthlabError
 from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.options import PruneOptions
@@ -43,22 +42,23 @@ from depthlab.prune.pipeline import held_out_batches
 from depthlab.prune.prune_report import units_report, write_units_report
 from depthlab.prune.streamed import LogitsConsumer, streamed_cost, transformers_check
 from depthlab.prune.units import choose_units, output_projection
+from depthlab.targets.branches import check_sublayers
 from depthlab.targets.engine import MEMORY_FRACTION, available_memory, engine_record
-from depthlab.targets.layerwise import StreamTarget, locate, open_layerwise, stored_bytes
+from depthlab.targets.frame import Request
+from depthlab.targets.stream.lanes import Lane
+from depthlab.targets.stream.open import StreamTarget, locate, open_streamed, stored_bytes
+from depthlab.targets.stream.sweep import SweepBatch, Sweeper, SweepSettings, Taps
 
 log = logging.getLogger(__name__)
 
 
-def check_units_streamed(target: StreamTarget, opts: PruneOptions) -> None:
-    """Refuse before any pass over data what a streamed sublayer prune cannot do: healing, blocks without known
-    branches or output projections (the in-memory engine's checks, on the model's layer classes)."""
-    if opts.heal.steps > 0:
-        raise DepthlabError(f"--heal with --unit {opts.unit} needs the model in memory (healing the written checkpoint "
-                            "would move its zeroed projections); drop --heal-steps or add --no-stream")
+def check_model(request: Request, target: StreamTarget) -> None:
+    """Refuse before any pass over data blocks without known branches or output projections (the in-memory engine's
+    checks, on the skeleton's layer classes)."""
     layers = target.source.layers
     check_sublayers(layers)
     for layer in layers:
-        output_projection(layer, opts.unit)
+        output_projection(layer, request.opts.unit)
 
 
 def zeroed_keys(target: StreamTarget, unit: str, blocks: Sequence[int]) -> frozenset[str]:
@@ -69,13 +69,13 @@ def zeroed_keys(target: StreamTarget, unit: str, blocks: Sequence[int]) -> froze
 
 @dataclass
 class _SurveyConsumer:
-    """The base stream's loss and each block's two branches (contribution, angle) while the block is loaded."""
+    """The base lane's loss and each block's two branches (contribution, angle) while the block is loaded."""
 
     acc: SublayerAccumulator
     total: float = 0.0
     count: int = 0
 
-    def logits(self, stream: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
+    def logits(self, lane: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
         s, n = nll_sum(logits, batch.labels)
         self.total, self.count = self.total + s, self.count + n
 
@@ -107,52 +107,45 @@ class StreamedUnits:
 
     def survey(self) -> tuple[float, dict[str, Any]]:
         consumer = _SurveyConsumer(SublayerAccumulator(self.n_layers, removal=False))
-        self.sweeper.sweep("units-survey", self.text, [Stream("base")], True, consumer, taps=Taps(layer=consumer.layer))
+        self.sweeper.sweep("units-survey", self.text, [Lane("base")], True, consumer, taps=Taps(layer=consumer.layer))
         if consumer.count == 0:
             raise DepthlabError("the held-out data gave no tokens to evaluate")
         return consumer.total / consumer.count, consumer.acc.result()
 
     def candidates(self, removed: set[int]) -> dict[int, float]:
-        """Loss with ``removed`` and each other block's unit zeroed: one sweep, one stream per candidate."""
+        """Loss with ``removed`` and each other block's unit zeroed: one sweep, one lane per candidate."""
         cands = [m for m in range(1, self.n_layers + 1) if m not in removed]
         base = self._zero(removed)
-        streams = [Stream("base", zero=base), *(Stream(f"candidate:{m}", zero=base | self._zero([m])) for m in cands)]
-        consumer = LossConsumer(len(streams))
+        lanes = [Lane("base", zero=base), *(Lane(f"candidate:{m}", zero=base | self._zero([m])) for m in cands)]
+        consumer = LossConsumer(len(lanes))
         self.steps += 1
-        self.sweeper.sweep(f"units-greedy-{self.steps}", self.text, streams, False, consumer)
+        self.sweeper.sweep(f"units-greedy-{self.steps}", self.text, lanes, False, consumer)
         return {m: consumer.loss(i) for i, m in enumerate(cands, start=1)}
 
     def loss(self, removed: Sequence[int]) -> float:
         consumer = LossConsumer(1)
         name = "units-joint-" + "-".join(map(str, sorted(removed)))
-        self.sweeper.sweep(name, self.text, [Stream("joint", zero=self._zero(removed))], False, consumer, show=False)
+        self.sweeper.sweep(name, self.text, [Lane("joint", zero=self._zero(removed))], False, consumer, show=False)
         return consumer.loss(0)
 
     def logits(self, ids: torch.Tensor, removed: Sequence[int], name: str) -> torch.Tensor:
         consumer = LogitsConsumer()
-        self.sweeper.sweep(name, [SweepBatch(ids, states=False)], [Stream("probe", zero=self._zero(removed))], False,
+        self.sweeper.sweep(name, [SweepBatch(ids, states=False)], [Lane("probe", zero=self._zero(removed))], False,
                            consumer, show=False)
         return consumer.out[0]
 
 
 @logs_to_stderr
-def prune_units_streamed(target: StreamTarget, opts: PruneOptions, out: str | Path, command: str | None = None,
-                         settings: SweepSettings | None = None) -> dict[str, Any]:
+def prune_units_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command: str | None,
+                         settings: SweepSettings) -> dict[str, Any]:
     """Remove ``opts.unit`` sublayers of ``target``, reading it one layer at a time; write the checkpoint (zeroed
     projections), ``prune.json`` and ``report.html`` into ``out``, whole or not at all. Returns the report (the
-    in-memory :func:`depthlab.prune.units.prune_units_in_memory`'s shape; no latency, no healing)."""
-    from depthlab.prune.streamed import run_held
-
-    check_units_streamed(target, opts)
-    return run_held(_prune_units, target, opts, out, command, settings)
-
-
-def _prune_units(target: StreamTarget, opts: PruneOptions, out: Path, command: str | None, settings: SweepSettings,
-                 t0: float) -> dict[str, Any]:
-    from depthlab.analysis.diagnostics.streamed import clear_state
+    in-memory :func:`depthlab.prune.units.prune_units_in_memory`'s shape; no latency, no healing). Run by
+    :func:`depthlab.prune.prune_target` once its checks have passed, holding the resume state."""
     from depthlab.base.fileio import publish_dir
     from depthlab.prune.shards import write_pruned_shards
 
+    t0 = time.time()
     batches = held_out_batches(target, opts)
     text = [SweepBatch(x, y) for x, y in batches]
     if not text:
@@ -164,7 +157,7 @@ def _prune_units(target: StreamTarget, opts: PruneOptions, out: Path, command: s
                                       "removed_blocks": removed, "method": details["method"]}, target.tokenizer,
                                       zeroed=zeroed_keys(target, opts.unit, removed))
         src = target.source
-        pruned = StreamedUnits(open_layerwise(str(tmp), target.device, src.dtype, src.compute_dtype), text, settings,
+        pruned = StreamedUnits(open_streamed(str(tmp), target.device, src.dtype, src.compute_dtype), text, settings,
                                opts.unit)
         losses = {"original": base, "pruned": pruned.loss([])}
         report = units_report(target, opts, removed, details, survey, losses, {}, batches, command,
@@ -173,7 +166,6 @@ def _prune_units(target: StreamTarget, opts: PruneOptions, out: Path, command: s
         report.update(export={**check, "dir": str(out), "written": written}, latency=None, heal=None,
                       engine=_engine(measure, pruned), seconds=round(time.time() - t0, 2))
         write_units_report(report, tmp)
-    clear_state(settings.state_dir)
     return report
 
 
@@ -203,6 +195,6 @@ def _engine(measure: StreamedUnits, pruned: StreamedUnits) -> dict[str, Any]:
     return {**engine_record(measure.target), "compute_dtype": str(measure.target.source.compute_dtype)[6:],
             "sweeps": st.passes, "weight_passes": st.weight_passes, "layers_computed": st.layers_computed,
             "block_evals": st.block_evals, "token_evals": st.token_evals, "sweep_seconds": round(st.seconds, 2),
-            "bytes_read": meter.bytes_read, "peak_weight_bytes": meter.peak, "stream_bytes": st.stream_bytes,
+            "bytes_read": meter.bytes_read, "peak_weight_bytes": meter.peak, "stream_bytes": st.lane_bytes,
             "resumed": st.resumed, "pruned_sweeps": pruned.sweeper.stats.passes,
             "not_done": "healing, --generate and generation latency (they need the model in memory)"}

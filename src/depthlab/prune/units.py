@@ -31,13 +31,14 @@ from torch import nn
 
 from depthlab.analysis.diagnostics.capture import ResidualCapture, capture_of
 from depthlab.analysis.diagnostics.removal import nll_sum
-from depthlab.analysis.diagnostics.sublayers import UNITS, SublayerAccumulator, check_sublayers, unit_modules, zeroed
+from depthlab.analysis.diagnostics.sublayers import SublayerAccumulator
 from depthlab.base.errors import DepthlabError
 from depthlab.data.batches import IGNORE_INDEX
 from depthlab.prune.export import cost, generation_latency, hf_model_of, lm_logits, plain_weights, verify_export, write_hf
 from depthlab.prune.pipeline import check_in_memory, held_out_batches
 from depthlab.prune.prune_report import units_report, write_units_report
 from depthlab.prune.select import largest_within_budget
+from depthlab.targets.branches import UNITS, check_sublayers, unit_modules, zeroed
 from depthlab.targets.layers import find_layers
 
 log = logging.getLogger(__name__)

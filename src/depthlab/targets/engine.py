@@ -1,5 +1,5 @@
 """Which engine reads a model, decided here for every command and library call: in memory, or one decoder layer
-at a time (the layer-streamed engine, :mod:`depthlab.targets.layerwise`).
+at a time (the streamed engine, :mod:`depthlab.targets.stream`).
 
     plan = plan_engine("path/to/hf-dir", device, torch.bfloat16, stream=None)
     plan.streamed, plan.line      # True, "streamed, one layer at a time (the model needs 15.0 GiB in bfloat16, ...)"
@@ -21,7 +21,7 @@ import torch
 
 from depthlab.base.errors import DepthlabError
 
-#: Fraction of the free memory a model in memory (or the streams, one layer and its activations) may take.
+#: Fraction of the free memory a model in memory (or a sweep's lanes, one layer and its activations) may take.
 MEMORY_FRACTION = 0.7
 
 ENGINES = ("in-memory", "streamed")
@@ -57,7 +57,7 @@ class EnginePlan:
     line: str  # which engine and why, for the one-line plan
     model_bytes: int | None = None  # the whole model in the asked dtype
     free_bytes: int | None = None  # free memory of the device
-    found: Any = field(default=None, compare=False, repr=False)  # the streamable checkpoint located (layerwise.Located)
+    found: Any = field(default=None, compare=False, repr=False)  # the streamable checkpoint located (stream.open.Located)
 
     @property
     def engine(self) -> str:
@@ -68,7 +68,7 @@ class EnginePlan:
 def plan_engine(name: str, device: torch.device, dtype: torch.dtype, stream: bool | None) -> EnginePlan:
     """Stream when ``stream`` says so, or (None) when the model would not fit the device's free memory.
     Raises when streaming is asked for a target that cannot stream."""
-    from depthlab.targets.layerwise import locate, stored_bytes
+    from depthlab.targets.stream.open import locate, stored_bytes
 
     if stream is False:
         return EnginePlan(False, "in memory (streaming off)")
@@ -92,7 +92,7 @@ def plan_engine(name: str, device: torch.device, dtype: torch.dtype, stream: boo
 
 def engine_of(target: Any) -> str:
     """"streamed" for a target read one layer at a time, "in-memory" for one whose model is loaded."""
-    from depthlab.targets.layerwise import StreamTarget
+    from depthlab.targets.stream.open import StreamTarget
 
     return ENGINES[isinstance(target, StreamTarget)]
 

@@ -40,7 +40,7 @@ from depthlab.targets.layers import find_layers
 from depthlab.targets.target import Target
 
 if TYPE_CHECKING:
-    from depthlab.targets.layerwise import StreamTarget
+    from depthlab.targets.stream.open import StreamTarget
 
 log = logging.getLogger(__name__)
 
@@ -122,37 +122,57 @@ def _is_run_path(path: Path) -> bool:
 # ---------------------------------------------------------------------- loading
 def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                 scheme: str | None = None, progress: bool | None = None, stream: bool | None = False,
-                compute_dtype: torch.dtype | None = None) -> Target | StreamTarget:
+                compute_dtype: torch.dtype | None = None, plan: EnginePlan | None = None) -> Target | StreamTarget:
     """Load what ``name`` designates (see the module docstring) on ``device``, its weights in ``dtype``.
 
     ``stream``: False loads the model into memory (a :class:`Target`); True opens it to be read one layer at a
-    time (a :class:`~depthlab.targets.layerwise.StreamTarget`; refused for a target that cannot stream); None
+    time (a :class:`~depthlab.targets.stream.open.StreamTarget`; refused for a target that cannot stream); None
     streams when the whole model would not fit the device's free memory. The target's ``plan`` says which engine
-    and why (:func:`depthlab.targets.engine.plan_engine`). ``compute_dtype``: the arithmetic's dtype (default:
+    and why (:func:`plan_target`; ``plan``: one made already, as :func:`depthlab.targets.frame.checked` makes it to
+    check a request against it before any weight is read). ``compute_dtype``: the arithmetic's dtype (default:
     ``dtype``, but fp32 for bf16 weights on a CPU, each linear layer upcast while it computes; bf16 arithmetic
     from fp32 weights is refused). ``scheme``: that of a ``preset:NAME`` target (default: the baseline); any
     other target has its own, so a scheme given for one is refused rather than ignored. ``progress``:
     third-party loading bars (None: only on a terminal)."""
-    check_local_target(name)  # a path that does not exist: one line, never a hub look-up
-    if scheme is not None and not name.startswith("preset:"):
-        raise DepthlabError(f"--scheme {scheme} applies to preset:NAME targets only; {name!r} is loaded with the "
-                            "scheme it was trained or converted with (drop --scheme)")
     device = torch.device(device)
-    compute = compute_dtype or default_compute_dtype(device, dtype)
-    if compute not in (dtype, torch.float32):  # the one mixed precision here: low-precision weights computed in fp32
-        c, w = (str(t).replace("torch.", "") for t in (compute, dtype))
-        raise DepthlabError(f"{c} arithmetic from {w} weights is not supported here; hold the weights in {c} "
-                            f"(--weights) or compute in {w} or float32 (--dtype)")
-    plan = plan_engine(name, device, dtype, stream)
+    plan = plan or plan_target(name, device, dtype, scheme, stream, compute_dtype)
+    compute = _compute_dtype(device, dtype, compute_dtype)
     if plan.streamed:
-        from depthlab.targets.layerwise import open_layerwise
+        from depthlab.targets.stream.open import open_streamed
 
-        target = open_layerwise(name, device, dtype, compute, found=plan.found)
+        target = open_streamed(name, device, dtype, compute, found=plan.found)
         target.plan = plan
         return target
     target = _in_memory(name, device, dtype, compute, scheme, progress, plan)
     target.plan = plan
     return target
+
+
+def plan_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                scheme: str | None = None, stream: bool | None = False, compute_dtype: torch.dtype | None = None
+                ) -> EnginePlan:
+    """What :func:`load_target` refuses before it reads anything (a path that does not exist, a ``scheme`` for a
+    target that has its own, a precision it cannot compute in), then the engine's plan
+    (:func:`depthlab.targets.engine.plan_engine`: for a checkpoint that can stream, config.json and the weight
+    files' headers are read, no weight)."""
+    check_local_target(name)  # a path that does not exist: one line, never a hub look-up
+    if scheme is not None and not name.startswith("preset:"):
+        raise DepthlabError(f"--scheme {scheme} applies to preset:NAME targets only; {name!r} is loaded with the "
+                            "scheme it was trained or converted with (drop --scheme)")
+    device = torch.device(device)
+    _compute_dtype(device, dtype, compute_dtype)
+    return plan_engine(name, device, dtype, stream)
+
+
+def _compute_dtype(device: torch.device, dtype: torch.dtype, compute_dtype: torch.dtype | None) -> torch.dtype:
+    """The arithmetic's dtype: ``compute_dtype``, by default the device's for ``dtype`` weights; refused when neither
+    the weights' dtype nor float32."""
+    compute = compute_dtype or default_compute_dtype(device, dtype)
+    if compute not in (dtype, torch.float32):  # the one mixed precision here: low-precision weights computed in fp32
+        c, w = (str(t).replace("torch.", "") for t in (compute, dtype))
+        raise DepthlabError(f"{c} arithmetic from {w} weights is not supported here; hold the weights in {c} "
+                            f"(--weights) or compute in {w} or float32 (--dtype)")
+    return compute
 
 
 def _in_memory(name: str, device: torch.device, dtype: torch.dtype, compute: torch.dtype, scheme: str | None,

@@ -5,7 +5,7 @@
     target = run_target(Path("runs/vit"), "runs/vit")     # an LM run, or a ViT run with its held-out images
 
 :func:`open_run` is the one run loader: the in-memory engine builds the model from its tensors, the layer-streamed
-engine (:mod:`depthlab.targets.layerwise`) reads them one layer at a time, and both report the same ``info``.
+engine (:mod:`depthlab.targets.stream`) reads them one layer at a time, and both report the same ``info``.
 
 A run's model is rebuilt from the family and scheme its config.json names (``depthlab.models.kinds``), from the
 newest intact checkpoint (``depthlab.base.store.checkpoint``); weights of another scheme are refused. A ViT run is
@@ -37,7 +37,7 @@ LM_DEFAULT_DATA = "builtin"
 @dataclass
 class RunCheckpoint:
     """A run's newest intact checkpoint, read as far as both engines need it: the one run loader (in memory,
-    :func:`load_run`; one layer at a time, :mod:`depthlab.targets.layerwise`)."""
+    :func:`load_run`; one layer at a time, :mod:`depthlab.targets.stream`)."""
 
     path: Path  # the checkpoint directory
     config: dict[str, Any]  # the run's config.json, as the checkpoint holds it

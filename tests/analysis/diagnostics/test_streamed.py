@@ -19,11 +19,11 @@ from test_streamed_units_lens import units_lens_diff
 from tiny_models import KINDS, hf_dir, save_hf, tiny_hf
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose, load_target
-from depthlab.analysis.diagnostics.streamed import CPU_ROWS_PER_CALL, Sweeper, SweepSettings
-from depthlab.analysis.diagnostics.streamed_runner import diagnose_streamed, state_dir
 from depthlab.base.precision import default_compute_dtype
 from depthlab.cli import main
-from depthlab.targets.layerwise import open_layerwise
+from depthlab.targets.stream.open import open_streamed
+from depthlab.targets.stream.resume import state_dir
+from depthlab.targets.stream.sweep import CPU_ROWS_PER_CALL, Sweeper, SweepSettings
 
 # the block-level numbers (attention/MLP units and the lens: test_streamed_units_lens.py)
 OPTS = dict(tokens=96, seq_len=32, batch_size=2, jacobian=False, progress=False, sublayers=False, lens=False)
@@ -55,7 +55,7 @@ def assert_same(a: dict, b: dict, tol: float = TOL) -> None:
 
 def _both(path: Path, **kw) -> tuple[dict, dict]:
     opts = DiagnoseOptions(**{**OPTS, **kw})
-    return diagnose(load_target(str(path)), opts), diagnose_streamed(open_layerwise(str(path)), opts)
+    return diagnose(load_target(str(path)), opts), diagnose(open_streamed(str(path)), opts)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -104,8 +104,8 @@ def test_bf16_weights_are_computed_in_fp32_one_layer_at_a_time(tmp_path):
     with torch.no_grad():
         for p in target.model.parameters():
             p.copy_(p.bfloat16().float())
-    streamed = open_layerwise(str(path), "cpu", torch.bfloat16, default_compute_dtype(torch.device("cpu"), torch.bfloat16))
-    rep = diagnose_streamed(streamed, opts)
+    streamed = open_streamed(str(path), "cpu", torch.bfloat16, default_compute_dtype(torch.device("cpu"), torch.bfloat16))
+    rep = diagnose(streamed, opts)
     assert rep["engine"]["compute_dtype"] == "float32" and rep["model"]["dtype"] == "bfloat16"
     assert_same(diagnose(target, opts), rep)
 
@@ -131,8 +131,8 @@ def test_bf16_in_memory_on_a_cpu_keeps_bf16_weights_and_gives_the_streamed_numbe
     with torch.no_grad():
         plain = lm_logits(copy.deepcopy(rounded.model).to(torch.bfloat16), ids)  # bf16 arithmetic, no hooks
     assert float((plain.float() - want).abs().max()) > 100 * TOL
-    streamed = open_layerwise(str(path), "cpu", torch.bfloat16, default_compute_dtype(torch.device("cpu"), torch.bfloat16))
-    assert_same(diagnose(bf16, opts), diagnose_streamed(streamed, opts))
+    streamed = open_streamed(str(path), "cpu", torch.bfloat16, default_compute_dtype(torch.device("cpu"), torch.bfloat16))
+    assert_same(diagnose(bf16, opts), diagnose(streamed, opts))
 
 
 def test_memory_is_one_layer_plus_the_streams(tmp_path):
@@ -142,12 +142,12 @@ def test_memory_is_one_layer_plus_the_streams(tmp_path):
     L = 24
     path = save_hf(tiny_hf("llama", L, hidden=64), tmp_path / "deep")
     opts = DiagnoseOptions(**{**OPTS, "tokens": 192}, joint_check=False)
-    target = open_layerwise(str(path))
+    target = open_streamed(str(path))
     src = target.source
     one = max([src.store.nbytes(src.keys_of(m)) for m in (*src.embed_modules, *src.head_modules)]
               + [src.layer_nbytes(i) for i in range(L)])
     assert src.store.nbytes() > 20 * one  # the whole model is far more than one layer
-    whole = diagnose_streamed(target, opts)
+    whole = diagnose(target, opts)
     meter = src.store.meter
     assert 0 < meter.peak <= one and meter.live == 0
     assert set(meter.reads.values()) == {1} and len(meter.reads) == len(src.store.index)
@@ -156,8 +156,8 @@ def test_memory_is_one_layer_plus_the_streams(tmp_path):
     assert whole["engine"]["stream_bytes"] == (streams + states) * n_tok * D * 4
     assert whole["engine"]["weight_passes"] == 1 and whole["engine"]["layers_computed"] == L
 
-    target = open_layerwise(str(path))
-    grouped = diagnose_streamed(target, opts, settings=SweepSettings(stream_budget=whole["engine"]["stream_bytes"] // 3,
+    target = open_streamed(str(path))
+    grouped = diagnose(target, opts, settings=SweepSettings(lane_budget=whole["engine"]["stream_bytes"] // 3,
                                                                      progress=False))
     assert grouped["engine"]["weight_passes"] == 3 and set(target.source.store.meter.reads.values()) == {3}
     assert grouped["engine"]["stream_bytes"] <= whole["engine"]["stream_bytes"] // 3
@@ -169,10 +169,10 @@ def test_layer_calls_are_capped_on_a_cpu_and_their_size_does_not_change_the_numb
     sequence each (many calls per layer) give the same report as the default."""
     path = save_hf(tiny_hf("llama", 6, hidden=64), tmp_path / "m")
     opts = DiagnoseOptions(**{**OPTS, "tokens": 192}, joint_check=False)
-    target = open_layerwise(str(path))
+    target = open_streamed(str(path))
     assert 1 <= Sweeper(target)._budget()[1] <= CPU_ROWS_PER_CALL
-    default = diagnose_streamed(target, opts, settings=SweepSettings(progress=False))
-    one_seq = diagnose_streamed(open_layerwise(str(path)), opts,
+    default = diagnose(target, opts, settings=SweepSettings(progress=False))
+    one_seq = diagnose(open_streamed(str(path)), opts,
                                 settings=SweepSettings(max_rows=opts.seq_len, progress=False))
     assert_same(default, one_seq)
 
@@ -182,16 +182,16 @@ import os, signal, torch
 from pathlib import Path
 torch.set_num_threads(1)
 from depthlab.analysis.diagnostics import DiagnoseOptions
-from depthlab.analysis.diagnostics.streamed import SweepSettings
-from depthlab.analysis.diagnostics.streamed_runner import diagnose_streamed
-from depthlab.targets.layerwise import open_layerwise
+from depthlab.analysis.diagnostics import diagnose
+from depthlab.targets.stream.open import open_streamed
+from depthlab.targets.stream.sweep import SweepSettings
 
 def on_layer(name, group, layer):
     if name == "diagnose" and layer == {kill_at}:
         os.kill(os.getpid(), signal.SIGKILL)  # kill -9: no cleanup of any kind
 
 opts = DiagnoseOptions(tokens=96, seq_len=32, batch_size=2, jacobian=False, joint_check=False, progress=False)
-diagnose_streamed(open_layerwise({path!r}), opts, out=Path({out!r}), settings=SweepSettings(on_layer=on_layer))
+diagnose(open_streamed({path!r}), opts, out=Path({out!r}), settings=SweepSettings(on_layer=on_layer))
 """
 
 
@@ -239,7 +239,7 @@ def _exit_2(argv, capsys, needle):
 
 
 def test_clear_errors_before_streaming(tmp_path, monkeypatch, capsys):
-    import depthlab.analysis.diagnostics.streamed as engine
+    import depthlab.targets.stream.sweep as engine
 
     path = hf_dir(tmp_path, "llama", 2)
     out = ["--out", str(tmp_path / "o"), "--no-progress"]

@@ -13,11 +13,10 @@ import pytest
 import torch
 from tiny_models import hf_dir
 
-from depthlab.analysis.diagnostics import DiagnoseOptions
-from depthlab.analysis.diagnostics.streamed import SweepSettings, hold_state
-from depthlab.analysis.diagnostics.streamed_runner import diagnose_streamed, state_dir
-from depthlab.base.errors import DepthlabError
-from depthlab.targets.layerwise import open_layerwise
+from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
+from depthlab.targets.stream.open import open_streamed
+from depthlab.targets.stream.resume import state_dir
+from depthlab.targets.stream.sweep import SweepSettings
 
 SRC = str(Path(__file__).resolve().parents[3] / "src")
 OPTS = DiagnoseOptions(tokens=96, seq_len=32, batch_size=2, jacobian=False, joint_check=False, progress=False)
@@ -46,14 +45,16 @@ def test_a_second_streamed_command_into_the_same_out_is_refused_and_the_first_fi
                                          capture_output=True, text=True, timeout=300,
                                          env={**os.environ, "PYTHONPATH": SRC}))
             assert sorted(p.name for p in (state_dir(out) / "diagnose").iterdir()) == before  # nothing touched
+            assert not out.exists()  # nor any report written
 
-    first = diagnose_streamed(open_layerwise(str(path)), OPTS, out=out, settings=SweepSettings(on_layer=start_second))
+    first = diagnose(open_streamed(str(path)), OPTS, out=out, settings=SweepSettings(on_layer=start_second))
     proc = second[0]
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert f"is being written by another streamed command (process {os.getpid()}" in lines[0]
-    assert not out.exists() and not proc.stdout.strip()  # refused before any work or output
-    alone = diagnose_streamed(open_layerwise(str(path)), OPTS, out=tmp_path / "alone")
+    assert not proc.stdout.strip()  # refused before any work or output
+    assert (out / "report.json").is_file() and not state_dir(out).exists()  # the first published its report
+    alone = diagnose(open_streamed(str(path)), OPTS, out=tmp_path / "alone")
     assert _numbers(first) == _numbers(alone)
 
 
@@ -67,33 +68,13 @@ def test_a_tampered_resume_state_is_discarded_with_a_warning_and_the_rerun_is_ex
             raise RuntimeError("crash")
 
     with pytest.raises(RuntimeError, match="crash"):
-        diagnose_streamed(open_layerwise(str(path)), OPTS, out=out, settings=SweepSettings(on_layer=crash))
+        diagnose(open_streamed(str(path)), OPTS, out=out, settings=SweepSettings(on_layer=crash))
     saved = sorted((state_dir(out) / "diagnose").glob("g00000-streams-*.pt"))
     assert saved, "the crash left a resume state"
     torch.save({"not": "tensors", "code": dict}, saved[-1])  # a pickle that weights_only refuses
     caplog.set_level(logging.WARNING)
-    resumed = diagnose_streamed(open_layerwise(str(path)), OPTS, out=out)
+    resumed = diagnose(open_streamed(str(path)), OPTS, out=out)
     warned = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
     assert warned and str(state_dir(out) / "diagnose") in warned[0]
     assert resumed["engine"]["resumed"] == []  # started over
-    assert _numbers(resumed) == _numbers(diagnose_streamed(open_layerwise(str(path)), OPTS, out=tmp_path / "b"))
-
-
-def test_the_state_lock_leaves_no_empty_state_directory_and_refuses_a_second_holder(tmp_path):
-    """A command that saved no progress (a full disk: the sweep runs without) leaves no hidden directory; while one
-    process holds the state, another's attempt is one DepthlabError naming it."""
-    root = tmp_path / ".out.stream-state"
-    with hold_state(root, tmp_path / "out"):
-        assert (root / ".lock").is_file()
-        holder = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
-                                 "from depthlab.analysis.diagnostics.streamed import hold_state\n"
-                                 f"with hold_state(Path({str(root)!r})): pass"],
-                                capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC}, timeout=120)
-        assert holder.returncode != 0 and f"process {os.getpid()}" in holder.stderr
-        with hold_state(root):  # re-entrant within the process that holds it
-            pass
-    assert not root.exists()
-    with pytest.raises(DepthlabError, match="cannot create the resume state"):
-        (tmp_path / "file").write_text("x")
-        with hold_state(tmp_path / "file" / "state"):
-            pass
+    assert _numbers(resumed) == _numbers(diagnose(open_streamed(str(path)), OPTS, out=tmp_path / "b"))

@@ -13,9 +13,8 @@ import pytest
 from tiny_models import family_dir, flat, hf_dir
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose, load_target
-from depthlab.analysis.diagnostics.streamed import Stream, SweepSettings, _Layout, sublayer_streams
-from depthlab.analysis.diagnostics.streamed_runner import diagnose_streamed
-from depthlab.targets.layerwise import open_layerwise
+from depthlab.targets.stream.open import open_streamed
+from depthlab.targets.stream.sweep import SweepSettings
 
 OPTS = dict(tokens=96, seq_len=32, batch_size=2, jacobian=False, progress=False, joint_check=False)
 TOL = {"run": 1e-5, "llama": 1e-5, "qwen3_moe": 1e-4, "mixtral": 1e-4}  # MoE routing sums in another order
@@ -60,8 +59,8 @@ def test_units_and_lens_streamed_equal_in_memory_in_one_weight_pass(tmp_path, ki
     path = _run(tmp_path) if kind == "run" else family_dir(tmp_path, kind)
     opts = DiagnoseOptions(**OPTS)
     mem = diagnose(load_target(str(path)), opts)
-    target = open_layerwise(str(path))
-    streamed = diagnose_streamed(target, opts)
+    target = open_streamed(str(path))
+    streamed = diagnose(target, opts)
     worst = units_lens_diff(mem, streamed)
     assert worst <= TOL[kind], f"{kind}: max |Δ| = {worst:.3g}"
     L = streamed["model"]["n_layers"]
@@ -81,21 +80,12 @@ def test_the_lens_decoded_one_sequence_at_a_time_and_units_without_removal(tmp_p
     path = hf_dir(tmp_path, "llama", 3)
     opts = DiagnoseOptions(**OPTS)
     mem = diagnose(load_target(str(path)), opts)
-    one = diagnose_streamed(open_layerwise(str(path)), opts, settings=SweepSettings(max_rows=32, progress=False))
+    one = diagnose(open_streamed(str(path)), opts, settings=SweepSettings(max_rows=32, progress=False))
     assert units_lens_diff(mem, one) <= 1e-5
     bare = DiagnoseOptions(**{**OPTS, "removal": False})
-    got = diagnose_streamed(open_layerwise(str(path)), bare)
+    got = diagnose(open_streamed(str(path)), bare)
     want = diagnose(load_target(str(path)), bare)
     assert "loss" not in got["sublayers"]["attn"] and got["engine"]["block_evals"] == 2 * 3
     for unit in ("attn", "mlp"):
         for key in ("contribution", "angular"):
             assert max(abs(u - v) for u, v in zip(got["sublayers"][unit][key], want["sublayers"][unit][key])) <= 1e-5
-
-
-def test_unit_streams_are_born_at_their_block_and_zero_only_it():
-    L = 3
-    streams = [Stream("base"), *sublayer_streams(L)]
-    layout = _Layout.of(streams, L)
-    assert layout.born == [0, 1, 1, 2, 2, 3, 3]  # attn:l and mlp:l branch off the base at block l
-    assert layout.runs(2) == [(0, 3, ()), (3, 4, ("attn",)), (4, 5, ("mlp",))]
-    assert layout.runs(3) == [(0, 5, ()), (5, 6, ("attn",)), (6, 7, ("mlp",))]

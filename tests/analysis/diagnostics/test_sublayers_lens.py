@@ -9,7 +9,8 @@ import torch.nn.functional as F
 import depthlab as d
 from depthlab.analysis.diagnostics import ResidualCapture, find_layers
 from depthlab.analysis.diagnostics.lens import logit_lens
-from depthlab.analysis.diagnostics.sublayers import SublayerAccumulator, branch_ends, zeroed
+from depthlab.analysis.diagnostics.sublayers import SublayerAccumulator
+from depthlab.targets.branches import branch_ends, zeroed
 
 
 def _hf_cap(hf):

@@ -13,8 +13,8 @@ import pytest
 from monitor_readers import need, tb_scalars, wandb_history
 
 from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose, load_target
+from depthlab.analysis.diagnostics.heldout import TextBatches
 from depthlab.analysis.diagnostics.probes import depth_probe
-from depthlab.analysis.diagnostics.runner import TextBatches
 from depthlab.analysis.monitor import block_tag
 
 ROOT = Path(__file__).resolve().parents[3]

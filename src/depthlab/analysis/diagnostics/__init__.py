@@ -8,9 +8,10 @@ layerwise variance, block Jacobians; ``depthlab diagnose`` and its report.
 
 Models larger than memory: ``diagnose(load_target(path, stream=None), opts)`` reads one layer at a time when the
 model would not fit (``stream=True`` always; ``depthlab.targets.engine.plan_engine`` decides, the report's ``engine``
-says which ran and why): :mod:`~depthlab.analysis.diagnostics.engines` dispatches on the target it is given, to
-:mod:`~depthlab.analysis.diagnostics.runner` (in memory) or :mod:`~depthlab.analysis.diagnostics.streamed_runner`
-(the layer-streamed engine, :mod:`~depthlab.analysis.diagnostics.streamed`).
+says which ran and why). The frame: :mod:`~depthlab.analysis.diagnostics.dispatch` (every check once, then the
+engine) -> :mod:`~depthlab.analysis.diagnostics.in_memory` or :mod:`~depthlab.analysis.diagnostics.streamed` (the
+engines: they feed blocks) -> :mod:`~depthlab.analysis.diagnostics.measures` (the measures, built once, and their
+report sections); the layer-by-layer reading itself is :mod:`depthlab.targets.stream`.
 
 Lower level: :class:`ResidualCapture` (hooks reading the residual stream, replay for removal),
 :class:`AngularAccumulator`, :class:`VarianceAccumulator`, :class:`RemovalAccumulator`, :class:`MCAccumulator`,
@@ -34,8 +35,6 @@ __all__ = [
     "block_jacobian",
     "block_jacobians",
     "diagnose",
-    "diagnose_in_memory",
-    "diagnose_streamed",
     "find_layers",
     "joint_removal_loss",
     "load_mc",
@@ -57,10 +56,8 @@ __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("RemovalAccumulator", "joint_removal_loss", "nll_sum"), "depthlab.analysis.diagnostics.removal"),
     **dict.fromkeys(("render_html", "write_report"), "depthlab.analysis.diagnostics.report"),
     "DiagnoseOptions": "depthlab.analysis.diagnostics.options",
-    "diagnose": "depthlab.analysis.diagnostics.engines",
-    "diagnose_in_memory": "depthlab.analysis.diagnostics.runner",
+    "diagnose": "depthlab.analysis.diagnostics.dispatch",
     **dict.fromkeys(("removable_blocks", "summary_sentence"), "depthlab.analysis.diagnostics.summary"),
-    "diagnose_streamed": "depthlab.analysis.diagnostics.streamed_runner",
     "plan_engine": "depthlab.targets.engine",
     "VarianceAccumulator": "depthlab.analysis.diagnostics.variance",
     **dict.fromkeys(("SHORT_NAMES", "Target", "load_target"), "depthlab.targets"),

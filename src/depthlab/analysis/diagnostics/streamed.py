@@ -1,569 +1,175 @@
-"""The layer-streamed engine: every live residual stream through one decoder layer at a time.
+"""The streamed engine of ``diagnose``: a model read one layer at a time feeds the measures, in one sweep.
 
-    target = open_layerwise("path/to/hf-dir")                          # depthlab.targets.layerwise
-    sweeper = Sweeper(target, SweepSettings(state_dir=state_dir(out))   # .<out>.stream-state)
-    sweeper.sweep("diagnose", batches, [Stream("base"), *removal_streams(L)], keep_states=True, consumer=c)
+    fed = feed(target, opts, measures, SweepSettings(state_dir=root))    # target: a StreamTarget
 
-**Streams.** A stream is the residual stream of the model with a set of blocks skipped (``Stream.skip``);
-the first is the *base*. Block j of every stream uses the same weights, so the engine reads layer j once
-and applies it to every live stream that does not skip it. A stream is born as a copy of the base at the
-first layer where their skip sets differ (``block i removed``: at layer i, a copy of the base's input of
-block i), so it costs only the layers after it: the removal sweep costs sum_j j block evaluations, as the
-in-memory replay does, in one pass over the weights. At the end, every stream goes through the final
-norm and the head, and its logits go to the *consumer* (losses, multiple-choice scores); the base
-stream's L+1 states go to it too when ``keep_states`` (angular distance of all pairs, variance).
-
-**Memory.** One layer's weights (in the compute dtype) + the streams + the base states of the batches in
-flight + one layer call's activations. The streams of a batch live in one tensor (slots, B, T, D), slots
-ordered by birth so the live ones are a prefix, applied in chunks of at most ``max_rows`` token rows.
-When all batches' streams would not fit ``stream_budget`` (by default: what the free memory leaves beside
-two copies of a layer and its activations), the batches are split into groups, one pass
-over the weights each (each layer is then read once per group).
-
-**Resume.** With ``state_dir``, after each layer the live streams (and the new base state) are saved
-atomically (temporary file, fsync, rename); after each group the consumer's sums. A sweep killed at any
-point and rerun with the same inputs continues after the last saved layer, with the same numbers; a
-fingerprint (checkpoint files, dtypes, streams, the token ids) decides whether a saved state applies.
+One sweep (:mod:`depthlab.targets.stream.sweep`) carries the base lane, one lane per removed block and the
+multiple-choice batches; with the attention / MLP units, one lane per zeroed branch too (2L more, each born at its
+block, as a removal lane is) and each block's branches measured while it is loaded (the layer tap); the logit lens
+decodes the base lane's L+1 states with the final norm and head while they are loaded for the lanes' logits (the
+head tap, one state's logits of a few sequences alive at a time). :class:`MeasuresConsumer` maps the lanes to the
+measures and saves their sums with the sweep's resume state. The joint check of the removable set is one more sweep
+per evaluated set. Block Jacobians and the tuned lens need the model in memory: the dispatcher refuses them when
+asked for, and the report says the Jacobians were not computed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import logging
-import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
+from torch import nn
 
-from depthlab.analysis.diagnostics.sublayers import UNITS, unit_modules, zeroed
-from depthlab.base.errors import DepthlabError, first_line
-from depthlab.base.fileio import publish, write_json_atomic
-from depthlab.base.progress import progress
-from depthlab.targets.engine import MEMORY_FRACTION, available_memory, gib
+from depthlab.analysis.diagnostics.heldout import TextBatches
+from depthlab.analysis.diagnostics.measures import Fed, Measures, no_text
+from depthlab.analysis.diagnostics.options import DiagnoseOptions
+from depthlab.analysis.diagnostics.removal import nll_sum
+from depthlab.base.progress import duration
+from depthlab.targets.branches import UNITS
+from depthlab.targets.engine import engine_record as target_engine
+from depthlab.targets.stream.lanes import Lane, removal_lanes, sublayer_lanes
+from depthlab.targets.stream.sweep import SweepBatch, Sweeper, SweepSettings, Taps
 
 log = logging.getLogger(__name__)
 
-#: Activations of one layer call: at most this many bytes (and this fraction of the free memory).
-ACTIVATION_BYTES, ACTIVATION_FRACTION = 2 << 30, 0.1
-#: Token rows per layer call on a CPU. Calls of tens of thousands of rows run their element-wise work out of
-#: cache: 1.3-1.5x the time per row of calls of 2-4 thousand rows (benchmarks/streamed_8b.py --rows).
-CPU_ROWS_PER_CALL = 4096
+JACOBIAN_NOTE = "not computed: block Jacobians need the model in memory (run with --no-stream)"
 
 
-# ---------------------------------------------------------------------------------------------- inputs
-@dataclass(frozen=True)
-class Stream:
-    key: str  # e.g. "base", "removed:3", "joint:4,5", "attn:3"
-    skip: frozenset[int] = frozenset()  # 1-based blocks this stream skips
-    zero: frozenset[tuple[int, str]] = frozenset()  # (1-based block, unit): sublayers whose branch is zeroed (attn, mlp)
+class LossConsumer:
+    """Summed next-token loss of every lane over the held-out batches."""
 
-    def units_at(self, j: int) -> tuple[str, ...]:
-        """The units of block j this stream zeroes, in block order."""
-        return tuple(u for u in UNITS if (j, u) in self.zero)
+    def __init__(self, n_lanes: int) -> None:
+        self.sums, self.count = [0.0] * n_lanes, 0
 
+    def logits(self, lane: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
+        s, n = nll_sum(logits, batch.labels)
+        self.sums[lane] += s
+        if lane == 0:
+            self.count += n
 
-def removal_streams(n_layers: int, base_skip: frozenset[int] = frozenset()) -> list[Stream]:
-    """One stream per block not in ``base_skip``: the base's skips plus that block."""
-    return [Stream(f"removed:{l}", base_skip | {l}) for l in range(1, n_layers + 1) if l not in base_skip]
+    def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None:
+        pass
 
+    def loss(self, lane: int) -> float:
+        return self.sums[lane] / max(self.count, 1)
 
-def sublayer_streams(n_layers: int) -> list[Stream]:
-    """One stream per (unit, block), units outermost: the model with that block's attention (or MLP) branch zeroed
-    (:mod:`~depthlab.analysis.diagnostics.sublayers`). Each is born at its block, as a removal stream is."""
-    return [Stream(f"{u}:{l}", zero=frozenset({(l, u)})) for u in UNITS for l in range(1, n_layers + 1)]
+    def state_dict(self) -> dict[str, Any]:
+        return {"sums": self.sums, "count": self.count}
 
-
-@dataclass
-class SweepBatch:
-    ids: torch.Tensor  # (B, T) token ids
-    labels: torch.Tensor | None = None  # (B, T) next-token targets of held-out text; None for other batches
-    payload: Any = None  # what the consumer needs besides (multiple choice: the chunk of choices)
-    states: bool = True  # the base stream's states of this batch go to the consumer (held-out text)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sums, self.count = list(state["sums"]), int(state["count"])
 
 
-class Consumer(Protocol):
-    """What a sweep hands its results to; its sums are saved after each group (resume)."""
-
-    def logits(self, stream: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None: ...
-
-    def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-@dataclass
-class Taps:
-    """What a consumer reads beside the streams' logits, while the weights it needs are loaded (batches whose
-    states are kept only). ``layer(j, index, batch, layer, call, x_in, x_out)``: block j (1-based) of the base
-    stream, its input x^j and output x^{j+1}, the layer still materialised (with a ``layer`` tap, the consumer's
-    sums are saved after every layer too, so a resumed sweep keeps what earlier layers added).
-    ``head(index, batch, states, head, rows)``: the base's L+1 states with the final norm and head loaded, to decode
-    them ``rows`` sequences at a time (the logit lens)."""
-
-    layer: Callable[[int, int, SweepBatch, Any, Callable, torch.Tensor, torch.Tensor], None] | None = None
-    head: Callable[[int, SweepBatch, list[torch.Tensor], Callable[[torch.Tensor], torch.Tensor], int], None] | None = None
+def joint_loss(sweeper: Sweeper, text: list[SweepBatch], skip: list[int]) -> float:
+    """Held-out loss with the blocks ``skip`` removed together: one sweep, one log line."""
+    consumer = LossConsumer(1)
+    t0 = time.perf_counter()
+    sweeper.sweep("joint-" + "-".join(map(str, sorted(skip))), text, [Lane("joint", frozenset(skip))], False,
+                  consumer, show=False)
+    blocks = sorted(skip)
+    shown = ", ".join(map(str, blocks[:6])) + (f", … ({len(blocks)} in all)" if len(blocks) > 6 else "")
+    log.info("removable blocks, joint check: %d removed together (%s): loss %.4f, %s", len(blocks), shown,
+             consumer.loss(0), duration(time.perf_counter() - t0))
+    return consumer.loss(0)
 
 
-@dataclass
-class SweepSettings:
-    state_dir: Path | None = None  # where the resume state lives (None: not resumable)
-    stream_budget: int | None = None  # bytes for the streams and kept states of a group (None: from free memory)
-    max_rows: int | None = None  # token rows per layer call (None: from the activation budget)
-    progress: bool = True  # a progress line with an ETA
-    on_layer: Callable[[str, int, int], None] | None = None  # (pass, group, layer) after each saved layer
+class MeasuresConsumer:
+    """The measures, fed by one sweep: lane 0 is the model, lane l the model without block l (with ``removal``),
+    then with units and removal the lanes of :func:`sublayer_lanes` (block l's attention zeroed: L + l; its MLP:
+    2L + l). The units take the layer tap (each block's branches while it is loaded), the lens the head tap (each
+    state decoded by the final norm and head). Its sums are the measures' (:meth:`Measures.state_dict`)."""
 
+    def __init__(self, measures: Measures) -> None:
+        self.m = measures
 
-@dataclass
-class SweepStats:
-    """What the sweeps of one engine did (reported, and asserted by the tests)."""
+    def lanes(self) -> list[Lane]:
+        """The lanes this consumer reads, in its order."""
+        L, m = self.m.n_layers, self.m
+        units = m.sublayers is not None and m.removal is not None
+        return [Lane("base"), *(removal_lanes(L) if m.removal is not None else []), *(sublayer_lanes(L) if units else [])]
 
-    passes: int = 0  # sweeps run (a resumed-and-finished one counts)
-    weight_passes: int = 0  # passes over the weights (groups of every sweep)
-    layers_computed: int = 0  # layers read and applied in this process
-    block_evals: int = 0  # (stream, batch, layer) applications
-    token_evals: int = 0  # (stream, token, layer) applications: a layer's FLOPs per token times this is the work
-    head_tokens: int = 0  # (stream, token) through the final norm and the head
-    resumed: list[dict[str, int]] = field(default_factory=list)  # {"pass", "group", "layer"} continued after
-    seconds: float = 0.0
-    stream_bytes: int = 0  # the largest group's streams + kept states
+    def taps(self) -> Taps:
+        return Taps(layer=self._layer if self.m.sublayers is not None else None,
+                    head=self._head if self.m.lens is not None else None)
 
-
-# ---------------------------------------------------------------------------------------------- state
-def _atomic_save(obj: Any, path: Path) -> None:
-    with publish(path) as tmp:
-        torch.save(obj, tmp)
-
-
-class PassState:
-    """The saved progress of one sweep under ``root/<pass>``: see the module docstring (Resume)."""
-
-    def __init__(self, root: Path | None, name: str, fingerprint: str) -> None:
-        self.dir = root / name if root is not None else None
-        self.fingerprint = fingerprint
-        if self.dir is None:
+    def logits(self, lane: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
+        m, L = self.m, self.m.n_layers
+        if batch.labels is None:  # a multiple-choice batch
+            m.mc.score(lane, batch.payload, batch.ids, logits)
             return
-        plan = self.dir / "plan.json"
-        if self.dir.exists():
-            try:
-                same = json.loads(plan.read_text()).get("fingerprint") == fingerprint
-            except (OSError, ValueError):
-                same = False
-            if not same:
-                log.warning("discarding the saved state in %s: it was made for other inputs", self.dir)
-                shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(plan, {"fingerprint": fingerprint}, indent=None)
+        s, n = nll_sum(logits, batch.labels)
+        if m.removal is None:
+            m.add_loss(s, n)
+        elif lane == 0:
+            m.removal.base, m.removal.count = m.removal.base + s, m.removal.count + n
+        elif lane <= L:
+            m.removal.removed[lane - 1] += s
+        else:  # an attention / MLP unit zeroed
+            unit, l = UNITS[(lane - L - 1) // L], (lane - L - 1) % L + 1
+            m.sublayers.removed[unit][l - 1] += s
 
-    def _path(self, name: str) -> Path:
-        assert self.dir is not None
-        return self.dir / name
+    def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None:
+        self.m.add_states(states)
+        if self.m.sublayers is not None:
+            self.m.sublayers.count += states[0].shape[0] * states[0].shape[1]
 
-    def _load(self, name: str) -> Any:
-        return torch.load(self._path(name), map_location="cpu", weights_only=True)
+    def _layer(self, j: int, index: int, batch: SweepBatch, layer, call, x: torch.Tensor, out: torch.Tensor) -> None:
+        self.m.sublayers.add_block(j, layer, call, x, out)
 
-    def _readable(self, read: Callable[[], Any]) -> Any:
-        """``read()``, or None after discarding this pass's saved state when a file of it is damaged (tampered
-        with, cut short): the pass then starts over, with a warning naming the directory."""
-        try:
-            return read()
-        except Exception as err:  # noqa: BLE001 - any damage: unpickling, truncation, a missing file, wrong content
-            assert self.dir is not None
-            log.warning("discarding the saved state in %s: it is damaged (%s); this pass starts over", self.dir,
-                        first_line(err)[:120])
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.dir / "plan.json", {"fingerprint": self.fingerprint}, indent=None)
-            return None
+    def _head(self, index: int, batch: SweepBatch, states: list[torch.Tensor], head, rows: int) -> None:
+        self.m.lens.decode_states(states, head, batch.labels, rows)
 
-    def applied(self, consumer: Consumer, saved: dict[str, Any]) -> bool:
-        """``consumer`` loaded from ``saved``; False (the state discarded, see :meth:`_readable`) when it does not fit."""
-        fresh = consumer.state_dict()
+    def finish(self) -> None:
+        """The units' base loss is the removal lanes' (the same lane 0)."""
+        m = self.m
+        if m.sublayers is not None and m.removal is not None:
+            m.sublayers.base, m.sublayers.labels_count = m.removal.base, m.removal.count
 
-        def load() -> bool:
-            try:
-                consumer.load_state_dict(saved)
-            except Exception:
-                consumer.load_state_dict(fresh)  # nothing of the damaged state stays
-                raise
-            return True
-        return bool(self._readable(load))
+    def state_dict(self) -> dict[str, Any]:
+        return self.m.state_dict()
 
-    def done(self) -> dict[str, Any] | None:
-        if self.dir is None or not self._path("done.pt").is_file():
-            return None
-        return self._readable(lambda: self._load("done.pt"))
-
-    def last_group(self) -> tuple[int, dict[str, Any]] | None:
-        """(the last finished group, the consumer's sums after it)."""
-        if self.dir is None:
-            return None
-        found = sorted(self.dir.glob("consumer-*.pt"))
-        return self._readable(lambda: (int(found[-1].stem.split("-")[1]), self._load(found[-1].name))) if found else None
-
-    def last_layer(self, group: int, keep_states: bool, consumer: bool = False
-                   ) -> tuple[int, list, list, dict[str, Any] | None] | None:
-        """(last saved layer j, the live streams after it, the base states x^1..x^{j+1}, the consumer's sums after it
-        when ``consumer``) of ``group``."""
-        if self.dir is None:
-            return None
-        found = sorted(self.dir.glob(f"g{group:05d}-streams-*.pt"))
-        if not found:
-            return None
-        def read() -> tuple[int, list, list, dict[str, Any] | None]:
-            j = int(found[-1].stem.rsplit("-", 1)[1])
-            states = [self._load(f"g{group:05d}-states-{k:05d}.pt") for k in range(j + 1)] if keep_states else []
-            sums = self._load(f"g{group:05d}-consumer-{j:05d}.pt") if consumer else None
-            return j, self._load(found[-1].name), states, sums
-        return self._readable(read)
-
-    def save_layer(self, group: int, j: int, streams: list[torch.Tensor], state: list[torch.Tensor] | None,
-                   consumer_state: dict[str, Any] | None = None) -> None:
-        if self.dir is None:
-            return
-        if state is not None:
-            _atomic_save(state, self._path(f"g{group:05d}-states-{j:05d}.pt"))
-        if consumer_state is not None:  # before the streams: their file marks the layer saved
-            _atomic_save(consumer_state, self._path(f"g{group:05d}-consumer-{j:05d}.pt"))
-        _atomic_save(streams, self._path(f"g{group:05d}-streams-{j:05d}.pt"))
-        if j > 0:
-            self._path(f"g{group:05d}-streams-{j - 1:05d}.pt").unlink(missing_ok=True)
-            self._path(f"g{group:05d}-consumer-{j - 1:05d}.pt").unlink(missing_ok=True)
-
-    def save_group(self, group: int, consumer_state: dict[str, Any], last: bool) -> None:
-        if self.dir is None:
-            return
-        _atomic_save(consumer_state, self._path("done.pt" if last else f"consumer-{group:05d}.pt"))
-        for p in [*self.dir.glob(f"g{group:05d}-*.pt"), *self.dir.glob("consumer-*.pt")]:
-            if p.name != f"consumer-{group:05d}.pt" or last:
-                p.unlink(missing_ok=True)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.m.load_state_dict(state)
 
 
-def clear_state(root: Path | None) -> None:
-    """Remove the resume state once its results are written."""
-    if root is not None and root.exists():
-        shutil.rmtree(root, ignore_errors=True)
+def layers(target: Any) -> list[nn.Module]:
+    """The blocks of the streamed model's skeleton (on the meta device: their classes, no weights)."""
+    return list(target.source.layers)
 
 
-_HELD: dict[Path, int] = {}  # state directories this process holds the lock of -> nesting depth
+def feed(target: Any, opts: DiagnoseOptions, measures: Measures, settings: SweepSettings) -> Fed:
+    """Every measure of ``measures`` over the held-out batches of ``target`` (read one layer at a time), in one
+    sweep; the sweep's progress saved in ``settings.state_dir`` when it is set."""
+    sweeper = Sweeper(target, settings)
+    batches = TextBatches(target, opts)
+    text = [SweepBatch(x, y) for x, y in batches]
+    if not text:
+        raise no_text(opts, batches, True)
+    consumer = MeasuresConsumer(measures)
+    sweeper.sweep("diagnose", text + _mc_batches(target, opts, measures), consumer.lanes(), True, consumer,
+                  taps=consumer.taps())
+    consumer.finish()
+    return Fed(batches, lambda skip: joint_loss(sweeper, text, skip), lambda: engine_record(sweeper, target))
 
 
-@contextlib.contextmanager
-def hold_state(root: Path | None, out: Path | None = None) -> Iterator[None]:
-    """The one-writer lock of a streamed command's resume state (``root/.lock``, the run lock of ``train``), held
-    for the whole command: a second command writing the same ``out`` is refused in one line naming the holder's
-    PID, before it reads or writes anything. Re-entrant within a process. On exit, a state directory holding
-    nothing but the lock (no progress saved: e.g. a full disk) is removed again."""
-    from depthlab.base.store.lock import LOCK_NAME, RunLock
-
-    if root is None:
-        yield
-        return
-    key = root.resolve() if root.exists() else root.absolute()
-    if key in _HELD:
-        _HELD[key] += 1
-        try:
-            yield
-        finally:
-            _HELD[key] -= 1
-        return
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise DepthlabError(f"cannot create the resume state {str(root)!r}: {err.strerror or err}") from None
-    lock = RunLock(root)
-    try:
-        lock.acquire()
-    except DepthlabError as err:
-        holder = first_line(err).split("in use by process ", 1)[-1].split(" ", 1)[0]
-        what = str(out) if out is not None else str(root)
-        raise DepthlabError(f"{what!r} is being written by another streamed command (process {holder}, which holds "
-                            f"{str(root / LOCK_NAME)!r}); wait for it to finish or choose another --out") from None
-    _HELD[key] = 1
-    try:
-        yield
-    finally:
-        del _HELD[key]
-        if root.is_dir() and all(p.name == LOCK_NAME for p in root.iterdir()):
-            shutil.rmtree(root, ignore_errors=True)
-        lock.release()
+def _mc_batches(target: Any, opts: DiagnoseOptions, measures: Measures) -> list[SweepBatch]:
+    """The multiple-choice batches, carried by the same sweep (no states kept)."""
+    if measures.mc is None:
+        return []
+    tok = target.tokenizer
+    return [SweepBatch(ids, None, chunk, states=False)
+            for chunk, ids in measures.mc.batches(tok.encode, opts.batch_size, tok.pad_id, target.max_seq_len,
+                                                  tok.eos_id)]
 
 
-# ---------------------------------------------------------------------------------------------- the engine
-@dataclass
-class _Layout:
-    """Slots of the streams (ordered by birth: the live ones are a prefix) and where each is born."""
-
-    order: list[int]  # slot -> stream index
-    born: list[int]  # slot -> layer (1-based) at which it branches off the base (0: the base; L+1: never)
-    streams: list[Stream]  # slot -> its stream (blocks skipped, sublayers zeroed)
-
-    @classmethod
-    def of(cls, streams: Sequence[Stream], n_layers: int) -> _Layout:
-        base = streams[0]
-
-        def birth(s: Stream) -> int:
-            return next((j for j in range(1, n_layers + 1)
-                         if (j in s.skip) != (j in base.skip) or s.units_at(j) != base.units_at(j)), n_layers + 1)
-
-        births = [0] + [birth(s) for s in streams[1:]]
-        order = sorted(range(len(streams)), key=lambda i: (births[i], i))
-        return cls(order, [births[i] for i in order], [streams[i] for i in order])
-
-    def live(self, j: int) -> int:
-        """Number of live slots at layer j (the base and every stream born at or before j)."""
-        return sum(1 for b in self.born if b <= j)
-
-    def runs(self, j: int) -> list[tuple[int, int, tuple[str, ...]]]:
-        """Contiguous [a, b) slot ranges of the live streams that apply layer j, each with the units they zero in it."""
-        out: list[tuple[int, int, tuple[str, ...]]] = []
-        for s in range(self.live(j)):
-            if j in self.streams[s].skip:
-                continue
-            units = self.streams[s].units_at(j)
-            if out and out[-1][1] == s and out[-1][2] == units:
-                out[-1] = (out[-1][0], s + 1, units)
-            else:
-                out.append((s, s + 1, units))
-        return out
-
-
-class Sweeper:
-    """Runs sweeps over a :class:`~depthlab.targets.layerwise.StreamTarget`'s layers."""
-
-    def __init__(self, target: Any, settings: SweepSettings | None = None) -> None:
-        self.target, self.source = target, target.source
-        self.settings = settings or SweepSettings()
-        self.stats = SweepStats()
-        self._taps = Taps()
-        self.elem = torch.tensor([], dtype=self.source.compute_dtype).element_size()
-        self.d_model = int(self.source.state_width)  # the state between blocks: n·D for n residual streams
-
-    # ------------------------------------------------------------------ planning
-    def _budget(self) -> tuple[int | None, int]:
-        """(bytes for the streams and kept states, or None when unbounded; token rows per layer call). From the
-        free memory: a fraction of it, less two layers (the weights as read and in the compute dtype) and the
-        activations of one layer call."""
-        src, s = self.source, self.settings
-        free = available_memory(self.target.device)
-        layer = max(src.layer_numel(i) for i in range(src.n_layers)) * self.elem
-        d_ff = int(self.target.info.get("d_ff") or 4 * self.d_model)
-        per_row = self.elem * (3 * d_ff + 8 * self.d_model) + 4 * int(self.target.info.get("n_heads") or 1) * 512
-        act = ACTIVATION_BYTES if free is None else min(ACTIVATION_BYTES, int(ACTIVATION_FRACTION * free))
-        rows = s.max_rows or max(1, act // per_row)
-        if not s.max_rows and self.target.device.type == "cpu":
-            rows = min(rows, CPU_ROWS_PER_CALL)
-        if s.stream_budget is not None:
-            return s.stream_budget, rows
-        if free is None:
-            return None, rows
-        return int(MEMORY_FRACTION * free) - 2 * layer - rows * per_row, rows
-
-    def _groups(self, batches: Sequence[SweepBatch], n_slots: int, keep_states: bool) -> list[range]:
-        """Consecutive batches whose streams (and kept states) fit the budget; one weight pass each."""
-        room, _ = self._budget()
-        per = [(n_slots + (self.source.n_layers + 1 if keep_states and b.states else 0)) * b.ids.numel()
-               * self.d_model * self.elem for b in batches]
-        if room is not None and per and max(per) > room:
-            raise DepthlabError(
-                f"not enough memory to stream {self.target.name!r}: one batch's {n_slots} streams need {gib(max(per))}"
-                f" beside one layer and its activations, and {gib(max(room, 0))} are left of the free memory; "
-                "lower --batch-size or --seq-len")
-        groups, start, used = [], 0, 0
-        for i, n in enumerate(per):
-            if room is not None and used + n > room and i > start:
-                groups.append(range(start, i))
-                start, used = i, 0
-            used += n
-        groups.append(range(start, len(batches)))
-        self.stats.stream_bytes = max(self.stats.stream_bytes, max((sum(per[i] for i in g) for g in groups), default=0))
-        return groups
-
-    def _fingerprint(self, name: str, batches: Sequence[SweepBatch], streams: Sequence[Stream], keep_states: bool,
-                     groups: list[range]) -> str:
-        h = hashlib.sha256()
-        files = sorted({info.file for info in self.source.store.index.values()})
-        taps = [self._taps.layer is not None, self._taps.head is not None]  # what the consumer's sums hold
-        ident = [name, keep_states, taps, [(s.key, sorted(s.skip), sorted(s.zero)) for s in streams],
-                 [(g.start, g.stop) for g in groups],
-                 str(self.source.dtype), str(self.source.compute_dtype),
-                 [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]]
-        h.update(json.dumps(ident).encode())
-        for b in batches:
-            h.update(b.ids.cpu().numpy().tobytes())
-            if b.labels is not None:
-                h.update(b.labels.cpu().numpy().tobytes())
-        return h.hexdigest()
-
-    # ------------------------------------------------------------------ the sweep
-    @torch.no_grad()
-    def sweep(self, name: str, batches: Sequence[SweepBatch], streams: Sequence[Stream], keep_states: bool,
-              consumer: Consumer, show: bool = True, taps: Taps | None = None) -> None:
-        """Every stream over every batch, layer by layer; results to ``consumer`` (see the module docstring).
-        ``show``: its own progress (bar or ETA lines, as the settings say); a caller that reports a series of
-        short sweeps in its own words passes False. ``taps``: what the consumer reads of the base stream while a
-        layer or the head is loaded (:class:`Taps`; with ``keep_states``)."""
-        L = self.source.n_layers
-        layout = _Layout.of(streams, L)
-        self._rows = self._budget()[1]
-        self._taps = taps or Taps()
-        groups = self._groups(batches, len(streams), keep_states)
-        state = PassState(self._state_root(), name,
-                          self._fingerprint(name, batches, streams, keep_states, groups))
-        t0 = time.perf_counter()
-        self.stats.passes += 1
-        done = state.done()
-        if done is not None and state.applied(consumer, done):
-            self.stats.resumed.append({"pass": name, "group": len(groups), "layer": L + 1})
-            log.info("%s: finished in an earlier run; its saved results are used", name)
-            return
-        last = state.last_group()
-        first = 0
-        if last is not None and state.applied(consumer, last[1]):
-            first = last[0] + 1
-        desc = f"{name}: {L} layers, {len(streams)} stream" + ("s" if len(streams) > 1 else "")
-        with progress(self._units(layout, batches, groups[first:]), desc, "block", self.settings.progress and show) as bar:
-            for g in range(first, len(groups)):
-                self._group(name, g, [batches[i] for i in groups[g]], groups[g].start, layout, keep_states, consumer,
-                            state, bar)
-                state.save_group(g, consumer.state_dict(), last=g == len(groups) - 1)
-        self.stats.seconds += time.perf_counter() - t0
-
-    def _state_root(self) -> Path | None:
-        """Where this sweep saves its progress: the settings' directory, unless its disk cannot hold the saved
-        streams and states of a group twice over (then the sweep runs without, after a warning)."""
-        root = self.settings.state_dir
-        if root is None:
-            return None
-        root.mkdir(parents=True, exist_ok=True)
-        need, free = 2 * self.stats.stream_bytes, shutil.disk_usage(root).free
-        if need > free:
-            log.warning("not saving the sweep's progress in %s: it needs about %s, %s are free (an interrupted sweep "
-                        "will start over)", root, gib(need), gib(free))
-            return None
-        return root
-
-    def _units(self, layout: _Layout, batches: Sequence[SweepBatch], groups: list[range]) -> int:
-        L = self.source.n_layers
-        per_batch = sum(sum(b - a for a, b, _ in layout.runs(j)) for j in range(1, L + 1)) + len(layout.order)
-        per_kept = (L if self._taps.layer else 0) + (L + 1 if self._taps.head else 0)  # tap calls per batch with states
-        return sum(per_batch + (per_kept if batches[i].states else 0) for g in groups for i in g)
-
-    def _group(self, name: str, g: int, batches: list[SweepBatch], offset: int, layout: _Layout, keep_states: bool,
-               consumer: Consumer, state: PassState, bar: Any) -> None:
-        """One pass over the weights for the batches of group ``g``."""
-        L = self.source.n_layers
-        self.stats.weight_passes += 1
-        per_layer = self._taps.layer is not None  # the consumer's sums change with each layer: saved with it
-        saved = state.last_layer(g, keep_states, consumer=per_layer)
-        if saved is not None and saved[3] is not None and not state.applied(consumer, saved[3]):
-            saved = None  # damaged: this pass starts over (applied() said so and cleared it)
-        if saved is None:
-            bufs, kept = self._embed(batches, len(layout.order)), [[] for _ in batches]
-            j0 = 0
-            self._keep(kept, bufs, batches, keep_states)
-            state.save_layer(g, 0, [b[:1] for b in bufs], _newest(kept) if keep_states else None,
-                             consumer.state_dict() if per_layer else None)
-        else:
-            j0, live, saved_states, _ = saved
-            bufs = [self._empty(b, len(layout.order)) for b in batches]
-            for buf, part in zip(bufs, live):
-                buf[: part.shape[0]] = part.to(buf.device)
-            kept = [[s[i].to(self.target.device) for s in saved_states] if keep_states and b.states else []
-                    for i, b in enumerate(batches)]
-            self.stats.resumed.append({"pass": name, "group": g, "layer": j0})
-            log.info("%s: resuming after layer %d of %d (saved in %s)", name, j0, L, state.dir)
-        for j in range(j0 + 1, L + 1):
-            self._layer(j, batches, bufs, layout, bar, (offset, kept))
-            self._keep(kept, bufs, batches, keep_states)
-            n_live = layout.live(j)
-            state.save_layer(g, j, [b[:n_live] for b in bufs], _newest(kept) if keep_states else None,
-                             consumer.state_dict() if per_layer else None)
-            if self.settings.on_layer is not None:
-                self.settings.on_layer(name, g, j)
-        self._head(batches, offset, bufs, kept, layout, consumer, bar)
-
-    def _empty(self, batch: SweepBatch, n_slots: int) -> torch.Tensor:
-        B, T = batch.ids.shape
-        return torch.empty(n_slots, B, T, self.d_model, dtype=self.source.compute_dtype, device=self.target.device)
-
-    def _embed(self, batches: list[SweepBatch], n_slots: int) -> list[torch.Tensor]:
-        bufs = []
-        with self.source.embedding() as embed:
-            for b in batches:
-                buf = self._empty(b, n_slots)
-                buf[0] = embed(b.ids.to(self.target.device))
-                bufs.append(buf)
-        return bufs
-
-    @staticmethod
-    def _keep(kept: list[list[torch.Tensor]], bufs: list[torch.Tensor], batches: list[SweepBatch], keep: bool) -> None:
-        if keep:
-            for k, buf, b in zip(kept, bufs, batches):
-                if b.states:
-                    k.append(buf[0].clone())
-
-    def _layer(self, j: int, batches: list[SweepBatch], bufs: list[torch.Tensor], layout: _Layout, bar: Any,
-               kept: tuple[int, list[list[torch.Tensor]]]) -> None:
-        """Layer j (1-based): birth of the streams that branch here, then the layer on every stream that runs it (a
-        run of streams zeroing a sublayer of it with that branch zeroed), then the layer tap on the base stream of
-        each batch whose states are kept (``kept``: the group's first batch index and its kept states)."""
-        for s in range(len(layout.order)):
-            if layout.born[s] == j:
-                for buf in bufs:
-                    buf[s] = buf[0]
-        runs = layout.runs(j)
-        if not runs:
-            return  # every stream skips this block: it is not even read
-        max_rows = self._rows
-        tap = self._taps.layer if runs[0][0] == 0 and not runs[0][2] else None  # the base runs block j whole
-        with self.source.layer(j - 1) as layer:
-            for i, (batch, buf) in enumerate(zip(batches, bufs)):
-                B, T = batch.ids.shape
-                call = self.source.layer_calls(T)[j - 1]
-                step = max(1, max_rows // (B * T))
-                for a, b, units in runs:
-                    with zeroed(*(unit_modules([layer], u)[0] for u in units)):
-                        for c in range(a, b, step):
-                            d = min(b, c + step)
-                            out = call(layer, buf[c:d].reshape((d - c) * B, T, -1), batch.ids.to(self.target.device))
-                            buf[c:d] = out.reshape(d - c, B, T, -1)
-                            self.stats.block_evals += d - c
-                            self.stats.token_evals += (d - c) * B * T
-                            bar.update(d - c)
-                if tap is not None and kept[1][i]:
-                    ids = batch.ids.to(self.target.device)  # blocks that read the token ids get this batch's
-                    tap(j, kept[0] + i, batch, layer, lambda lay, h, c=call, t=ids: c(lay, h, t),
-                        kept[1][i][-1], buf[0])
-                    bar.update(1)
-        self.stats.layers_computed += 1
-
-    def _head(self, batches: list[SweepBatch], offset: int, bufs: list[torch.Tensor], kept: list[list[torch.Tensor]],
-              layout: _Layout, consumer: Consumer, bar: Any) -> None:
-        L = self.source.n_layers
-        with self.source.head() as head:
-            for i, (batch, buf) in enumerate(zip(batches, bufs)):
-                if kept[i]:
-                    consumer.states(offset + i, batch, kept[i])
-                    if self._taps.head is not None:
-                        B, T = batch.ids.shape
-                        self._taps.head(offset + i, batch, kept[i], head, max(1, self._rows // T))
-                        self.stats.head_tokens += (L + 1) * batch.ids.numel()
-                        bar.update(L + 1)
-                for s, stream in enumerate(layout.order):
-                    h = buf[s] if layout.born[s] <= L else buf[0]
-                    consumer.logits(stream, offset + i, batch, head(h))
-                    self.stats.head_tokens += batch.ids.numel()
-                    bar.update(1)
-
-
-def _newest(kept: list[list[torch.Tensor]]) -> list[torch.Tensor | None]:
-    """The newest kept state of each batch (None for a batch whose states are not kept)."""
-    return [k[-1] if k else None for k in kept]
+def engine_record(sweeper: Sweeper, target: Any) -> dict[str, Any]:
+    """``report["engine"]``: which engine ran, why, and what it read and held (the joint checks' sweeps included)."""
+    src, st = sweeper.source, sweeper.stats
+    return {**target_engine(target), "compute_dtype": str(src.compute_dtype).replace("torch.", ""),
+            "weight_passes": st.weight_passes, "sweeps": st.passes, "layers_computed": st.layers_computed,
+            "block_evals": st.block_evals, "token_evals": st.token_evals, "head_tokens": st.head_tokens,
+            "bytes_read": src.store.meter.bytes_read,
+            "checkpoint_bytes": src.store.nbytes(), "peak_weight_bytes": src.store.meter.peak,
+            "stream_bytes": st.lane_bytes, "resumed": st.resumed, "sweep_seconds": round(st.seconds, 2),
+            "jacobian": JACOBIAN_NOTE}

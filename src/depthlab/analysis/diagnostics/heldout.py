@@ -1,0 +1,69 @@
+"""The held-out text both engines of ``diagnose`` (and ``prune``'s survey) read: token batches of a data spec.
+
+    batches = TextBatches(target, DiagnoseOptions(data="builtin", tokens=16384, seq_len=256))
+    for x, y in batches:        # (B, T) inputs, (B, T) next-token labels (None for an encoder)
+        ...
+
+Re-iterable, so an engine can pass over it more than once (the joint check, the tuned lens, the depth map).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from depthlab.analysis.diagnostics.options import DiagnoseOptions
+from depthlab.base.errors import DepthlabError
+
+log = logging.getLogger(__name__)
+
+
+def split_of(opts: DiagnoseOptions, target: Any) -> str:
+    """``opts.split``; auto: val for the built-in data and depthlab runs (what they trained on is not held out), else
+    all of it."""
+    if opts.split != "auto":
+        return opts.split
+    return "val" if opts.data == "builtin" or str(target.info.get("source", "")).startswith("depthlab run") else "all"
+
+
+class TextBatches:
+    """Re-iterable (inputs, labels) pairs over held-out text, via depthlab.data."""
+
+    def __init__(self, target: Any, opts: DiagnoseOptions) -> None:
+        from depthlab.data import eval_token_batches
+
+        if target.tokenizer is None:
+            raise DepthlabError(f"{target.name!r} comes without a tokenizer; cannot turn --data text into tokens")
+        if opts.tokens < 1 or opts.seq_len < 2 or opts.batch_size < 1:
+            raise DepthlabError("--tokens and --batch-size must be positive and --seq-len at least 2")
+        self.causal = target.causal
+        seq_len = opts.seq_len
+        limit = target.max_seq_len
+        if limit is not None and seq_len > limit:
+            log.warning("--seq-len %d exceeds what %s accepts; using %d", seq_len, target.name, limit)
+            seq_len = limit
+        self.seq_len = seq_len
+        window = seq_len + 1 if self.causal else seq_len
+        n_seq = -(-opts.tokens // seq_len)
+        self.split = split_of(opts, target)
+        self.inner = eval_token_batches(opts.data, target.tokenizer, n_seq * window, window, opts.batch_size, split=self.split)
+        self.requested = n_seq * seq_len
+        self.device = target.device
+        self.batch_size = opts.batch_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        for b in self.inner:
+            b = b.to(self.device)
+            yield (b[:, :-1], b[:, 1:]) if self.causal else (b, None)
+
+    @property
+    def short(self) -> bool:
+        return self.inner.short
+
+    @property
+    def n_batches(self) -> int:
+        """Batches asked for (fewer when the data is short)."""
+        return -(-(self.requested // self.seq_len) // self.batch_size)

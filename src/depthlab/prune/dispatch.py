@@ -1,0 +1,82 @@
+"""``prune_target``: remove blocks (or sublayers) from a model, in one frame: each check once, then one engine.
+
+    report = prune_target("path/to/hf-dir", PruneOptions(remove=8, stream=True), "pruned/x")   # a path: opts.stream
+    report = prune_target(load_target("smollm2"), PruneOptions(method="removal", remove=6), "pruned/smollm2-24")
+    report["engine"]                                                   # {"name": "in-memory", "line": "in memory (...)"}
+
+The walk, down once and back (``depthlab prune`` takes the same two steps, printing the plan in between):
+
+1. ``with`` :func:`~depthlab.targets.frame.checked` and :data:`CHECKS`: the options and ``--out`` before anything
+   is read, what the chosen engine cannot do once it is chosen, the block ranges and families once the model is
+   opened: every refusal before any pass over data; a streamed run's resume state held to the end;
+2. :func:`run`: the engine of the target: in memory :func:`~depthlab.prune.pipeline.prune_in_memory` (healing,
+   latency, a depthlab run directory for depthlab models) or for ``--unit attn|mlp``
+   :func:`~depthlab.prune.units.prune_units_in_memory`; streamed :func:`~depthlab.prune.streamed.prune_streamed`
+   (HF safetensors directories; LoRA healing) or :func:`~depthlab.prune.streamed_units.prune_units_streamed`, their
+   sweeps saving in the held state. Each writes ``out`` whole or not at all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from depthlab.base.progress import logs_to_stderr
+from depthlab.prune import pipeline, streamed, streamed_units
+from depthlab.prune.options import PruneOptions
+from depthlab.targets.engine import engine_of
+from depthlab.targets.frame import Checks, Request, check_out, checked
+from depthlab.targets.stream.sweep import SweepSettings
+
+
+def check_options(request: Request) -> None:
+    """Every option's value, what needs no model (``--heal lora`` without peft too)."""
+    pipeline.check_options(request.opts)
+
+
+def check_model(request: Request, target: Any) -> None:
+    """What needs the opened model, on its engine: block ranges and what the family's config allows; an encoder or
+    a scheme Llama cannot express (in memory); blocks without known branches or output projections (``--unit``)."""
+    opts = request.opts
+    if engine_of(target) == "streamed":
+        streamed.check_model(request, target)
+        if opts.unit != "block":
+            streamed_units.check_model(request, target)
+        return
+    pipeline.check_model(target, opts)
+    if opts.unit != "block":
+        from depthlab.prune.units import check_units
+
+        check_units(target, opts)
+
+
+#: The refusals of ``prune``, by stage (:class:`~depthlab.targets.frame.Checks`): a new one is one more entry.
+CHECKS = Checks(before_load=[check_options, check_out], on_plan=[streamed.check_plan], on_target=[check_model])
+
+
+@logs_to_stderr
+def prune_target(target: Any, opts: PruneOptions, out: str | Path, command: str | None = None,
+                 settings: SweepSettings | None = None) -> dict[str, Any]:
+    """Prune ``target`` (a :class:`~depthlab.targets.Target`, a streamed target, or a path / name opened with
+    ``opts.stream``) as ``opts`` says and write the HF checkpoint, ``prune.json`` and ``report.html`` into ``out``,
+    whole or not at all; returns the report (``report["engine"]`` says which engine ran and why). ``settings``: the
+    streamed sweeps' (memory budget, rows per call)."""
+    request = Request(target, opts, Path(out), command=command)
+    with checked(request, CHECKS) as opened:
+        return run(request, opened, settings)
+
+
+def run(request: Request, target: Any, settings: SweepSettings | None = None) -> dict[str, Any]:
+    """The prune of ``target``, inside :func:`~depthlab.targets.frame.checked` with :data:`CHECKS` (no check is made
+    again here), on its engine."""
+    opts, out, command = request.opts, request.out, request.command
+    if engine_of(target) == "streamed":
+        sweep = settings or SweepSettings(progress=opts.progress)
+        sweep.state_dir = request.state
+        engine = streamed_units.prune_units_streamed if opts.unit != "block" else streamed.prune_streamed
+        return engine(target, opts, out, command, sweep)
+    if opts.unit != "block":
+        from depthlab.prune.units import prune_units_in_memory
+
+        return prune_units_in_memory(target, opts, out, command)
+    return pipeline.prune_in_memory(target, opts, out, command)

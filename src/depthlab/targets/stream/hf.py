@@ -1,0 +1,304 @@
+"""An HF causal LM directory read one layer at a time: transformers' own classes on the meta device.
+
+    source = HFLayerSource(Path("hf-dir"), TensorStore(files), device, torch.bfloat16, torch.float32)
+
+The skeleton is transformers' own ``AutoModelForCausalLM`` built from the checkpoint's config (every family of
+:mod:`depthlab.hf.families` that does not refuse streaming; LayerNorm Scaling restored from its config marker,
+as :func:`depthlab.hf.load` does; MoE experts stored one by one are fused by transformers' own checkpoint
+conversion, one layer at a time). Where the blocks and the final norm sit comes from the family's entry. Block 1's
+input is what the model's own forward hands it (embedding scaled, position embeddings added: Gemma, GPT-2,
+Granite), and the logits what the LM's own forward makes of the final norm's output (soft-capping, logit scaling).
+
+A family whose blocks also read per-token values (``Family.token_args``: Gemma 4's per-layer embeddings,
+DeepSeek-V4's ids for hash routing) gets them from the same forward, run on the batch's ids in the embedding step;
+each block's call is handed its own (``calls[i](layer, h, ids)``). Several residual streams (DeepSeek-V4's
+hyper-connections, ``(B, T, n, D)``) are held as ``(B, T, n·D)`` between blocks (``state_width``), as depthlab's
+``mhc`` scheme holds its streams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from depthlab.base.errors import DepthlabError
+from depthlab.targets.stream.safetensors import TensorStore
+from depthlab.targets.stream.source import Call, LayerSource, Stub, swapped
+
+
+class _Reached(Exception):
+    """Raised by the first layer's stand-in: the model's forward got as far as block 1 (its input is ``h``)."""
+
+    def __init__(self, h: torch.Tensor) -> None:
+        super().__init__("block 1 reached")
+        self.h = h
+
+
+class _StopAtFirst(nn.Module):
+    def forward(self, *args, **kwargs):
+        raise _Reached(args[0] if args and isinstance(args[0], torch.Tensor) else kwargs["hidden_states"])
+
+
+class _ZerosOf(nn.Module):
+    """Stands in for a stored module (an embedding table, a projection) while the layer calls are recorded: zeros of
+    the shape it would return, found by running it on the meta device."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.module, self.dtype, self.device = module, dtype, device
+
+    def __getattr__(self, name: str) -> Any:  # the model may read the table's own attributes (its weight's device)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["module"], name)
+
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        meta = lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x  # noqa: E731
+        out = self.module(*(meta(a) for a in args), **{k: meta(v) for k, v in kwargs.items()})
+        return torch.zeros(out.shape, dtype=out.dtype if not out.is_floating_point() else self.dtype, device=self.device)
+
+
+class _Given(nn.Module):
+    """Stands in for the base model under the LM head: returns the (normed) residual stream it is given."""
+
+    def __init__(self, h: torch.Tensor) -> None:
+        super().__init__()
+        self.h = h
+
+    def forward(self, *args, **kwargs):
+        return _Output(self.h)
+
+
+class _Output:
+    """A base model's output holding only the last hidden state (every other field None: caches, router logits)."""
+
+    def __init__(self, h: torch.Tensor) -> None:
+        self.last_hidden_state = h
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i != 0:
+            raise IndexError(i)
+        return self.last_hidden_state
+
+
+def _conversion(model: nn.Module, store: TensorStore) -> tuple[list, dict[str, list[str]]]:
+    """transformers' checkpoint conversion of ``model`` (MoE experts stored one by one, fused in the modules) and
+    each converted module key -> the checkpoint keys it is built from; ([], {}) when the checkpoint holds the
+    modules' own keys."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, rename_source_key
+
+    mapping = get_model_conversion_mapping(model)
+    if not mapping:
+        return [], {}
+    renamings = [t for t in mapping if not isinstance(t, WeightConverter)]
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+    sources: dict[str, list[str]] = {}
+    for key in store.index:
+        target, _ = rename_source_key(key, renamings, converters)
+        if target != key:
+            sources.setdefault(target, []).append(key)
+    return (mapping, sources) if sources else ([], {})
+
+
+class HFLayerSource(LayerSource):
+    """An HF causal LM directory: transformers' own classes, built from its config on the meta device; where the
+    blocks and the final norm sit comes from the family's entry (:mod:`depthlab.hf.families`). Block 1's input
+    is what the model's own forward hands it (embedding scaled, position embeddings added: Gemma, GPT-2, Granite),
+    and the logits what the LM's own forward makes of the final norm's output (soft-capping, logit scaling)."""
+
+    def __init__(self, path: Path, store: TensorStore, device: torch.device, dtype: torch.dtype,
+                 compute_dtype: torch.dtype) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from depthlab.hf.families import family_of, split_path
+        from depthlab.hf.lns import apply_layernorm_scaling, layernorm_scaling_marker
+
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+        self.family = family_of(config.model_type, "stream")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=compute_dtype)
+        if layernorm_scaling_marker(model.config) is not None:
+            apply_layernorm_scaling(model)  # hooks on the meta layers' norms: they stay through every load
+        self.skeleton = model.eval()
+        self.owner, self.layers_attr = split_path(model, self.family.layers)
+        self.final_norm_attr = split_path(model, self.family.final_norm)
+        self.collapse_attr = split_path(model, self.family.collapse) if self.family.collapse else None
+        self.base_attr = self.family.layers.split(".")[0]  # the LM's base model, under its head
+        names = self._names()
+        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+        tied = {f"{names[id(head)]}.weight": f"{names[id(embed)]}.weight"}
+        super().__init__(store, device, dtype, compute_dtype, tied)
+        self.mapping, self.sources = _conversion(model, store)
+        after = [getattr(*a) for a in (self.collapse_attr, self.final_norm_attr) if a is not None]
+        inner = [m for m in self.owner.children() if m is not self.layers and all(m is not a for a in after)]
+        for m in inner:
+            if not m.state_dict():
+                self._fill_computed(m)  # rotary tables: small and computed, not stored; built once on the device
+        self.embed_modules = tuple(m for m in inner if m.state_dict())
+        self.head_modules = (*after, head)
+        n = int(getattr(config, self.family.streams)) if self.family.streams else 1
+        self.streams = (n, config.hidden_size) if self.family.streams else ()
+        self.state_width = n * config.hidden_size
+        self._tokens: dict[tuple, list[dict[str, torch.Tensor]]] = {}  # per-token block inputs, by batch
+
+    # ------------------------------------------------------------------ checkpoint keys
+    def keys_of(self, module: nn.Module) -> list[str]:
+        """Checkpoint keys of ``module``'s tensors: those transformers converts them from, else its own (tied aliases
+        resolved)."""
+        if not self.sources:
+            return super().keys_of(module)
+        prefix = self._names()[id(module)]
+        out: list[str] = []
+        for key in (f"{prefix}.{k}" if prefix else k for k in module.state_dict()):
+            out.extend(self.sources.get(key) or [key if key in self.store else self.aliases.get(key, key)])
+        return list(dict.fromkeys(out))
+
+    def materialise(self, module: nn.Module) -> None:
+        prefix = self._names()[id(module)]
+        if any(k.startswith(f"{prefix}.") for k in self.sources):
+            self._materialise_converted(module)
+        else:
+            super().materialise(module)
+
+    def _materialise_converted(self, module: nn.Module) -> None:
+        """transformers' own loader, given this module's checkpoint tensors only (MoE experts fused as it fuses them)."""
+        from transformers.core_model_loading import convert_and_load_state_dict_in_model
+        from transformers.modeling_utils import LoadStateDictConfig
+
+        tensors = self.store.read(self.keys_of(module), self.dtype, self.device, self.compute_dtype)
+        self._fill_computed(module)  # before the weights: an initialisation may touch them too
+        convert_and_load_state_dict_in_model(self.skeleton, tensors,
+                                             LoadStateDictConfig(weight_mapping=self.mapping, dtype=self.compute_dtype))
+        del tensors
+        module.requires_grad_(False)
+        left = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
+        if left:
+            raise DepthlabError(f"cannot stream {type(module).__name__}: it holds tensors the checkpoint lacks {left[:3]}")
+
+    def _fill_computed(self, module: nn.Module) -> None:
+        """Non-persistent buffers (rotary tables, Gemma's embedding scale) made on the device by transformers' own
+        initialisation of the module that holds them."""
+        for sub in module.modules():
+            meta = [n for n in sub._non_persistent_buffers_set if getattr(sub, n, None) is not None and getattr(sub, n).is_meta]
+            if not meta:
+                continue
+            for n in meta:
+                setattr(sub, n, torch.empty_like(getattr(sub, n), device=self.device))
+            with torch.no_grad():
+                self.skeleton._init_weights(sub)
+
+    # ------------------------------------------------------------------ embedding, head, calls
+    @contextlib.contextmanager
+    def embedding(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """Token ids (B, T) -> the input of block 1 (B, T, D), as the model's own forward computes it; a family whose
+        blocks read per-token values (``Family.token_args``) keeps each block's, for its layer calls."""
+        self._tokens.clear()
+        with self._embedding() as embed:
+            yield embed
+
+    @contextlib.contextmanager
+    def _embedding(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        for m in self.embed_modules:
+            self.materialise(m)
+        try:
+            yield self._embed_all if self.family.token_args else self._embed_first
+        finally:
+            for m in self.embed_modules:
+                self.release(m)
+
+    def _embed_first(self, ids: torch.Tensor) -> torch.Tensor:
+        """The model's forward up to block 1, stopped there."""
+        stops = nn.ModuleList([_StopAtFirst()])
+        with swapped(self.owner, {self.layers_attr: stops}), torch.no_grad():
+            try:
+                self.owner(input_ids=ids, use_cache=False)
+            except _Reached as reached:
+                return reached.h.flatten(2) if self.streams else reached.h
+        raise DepthlabError("the model's forward never called its first block; cannot stream it")
+
+    def _embed_all(self, ids: torch.Tensor) -> torch.Tensor:
+        """The model's forward over stand-ins for every block: block 1's input, and each block's per-token
+        arguments kept (by the batch's ids) for :meth:`token_inputs`."""
+        calls: list[Call | None] = [None] * self.n_layers
+        hidden: list[torch.Tensor] = []
+        stubs = nn.ModuleList(Stub(calls, i, hidden) for i in range(self.n_layers))
+        with swapped(self.owner, {self.layers_attr: stubs}), self._after_layers_off(), torch.no_grad():
+            self.owner(input_ids=ids, use_cache=False)
+        if not hidden or any(c is None for c in calls):
+            raise DepthlabError("the model's forward did not call every layer; cannot stream it")
+        slots = self._token_slots(calls[0])
+        self._tokens[_ids_key(ids)] = [{name: (c.args[pos] if pos is not None else c.kwargs[name]) for name, pos in slots}
+                                       for c in calls]
+        return hidden[0].flatten(2) if self.streams else hidden[0]
+
+    def token_inputs(self, ids: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Each block's per-token arguments for a batch of ids (B, T): kept by the embedding step, or computed again
+        (a sweep resumed after its embedding step)."""
+        key = _ids_key(ids)
+        if key not in self._tokens:
+            with self._embedding() as embed:
+                embed(ids)
+        return self._tokens[key]
+
+    def _token_slots(self, call: Call) -> tuple[tuple[str, int | None], ...]:
+        """Where each of ``Family.token_args`` sits in a recorded ``call``: None when the model passes it by keyword,
+        else its index after the hidden states (from the block's signature)."""
+        params = list(inspect.signature(self.layers[0].forward).parameters)[1:]
+        return tuple((name, None if name in call.kwargs or name not in params else params.index(name))
+                     for name in self.family.token_args)
+
+    def _after_layers_off(self) -> contextlib.AbstractContextManager:
+        stack = contextlib.ExitStack()
+        for attr in (self.collapse_attr, self.final_norm_attr):
+            if attr is not None:
+                stack.enter_context(swapped(attr[0], {attr[1]: nn.Identity()}))
+        return stack
+
+    def _bind(self, i: int, call: Call) -> Call:
+        slots = self._token_slots(call)
+        tokens = (lambda ids: self.token_inputs(ids)[i]) if slots else None
+        return Call(call.args, call.kwargs, call.hidden_is_kwarg, self.streams, slots, tokens, self.family.row_args)
+
+    @contextlib.contextmanager
+    def head(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """The streams collapsed (DeepSeek-V4), the final norm, then the LM's own forward from there (LM head,
+        soft-capping, logit scaling); released on exit."""
+        *after, lm_head = self.head_modules
+        for m in self.head_modules:
+            self.materialise(m)
+        try:
+            def head(h: torch.Tensor) -> torch.Tensor:
+                ids = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
+                h = h.unflatten(-1, self.streams) if self.streams else h
+                for m in after:
+                    h = m(h)
+                with swapped(self.skeleton, {self.base_attr: _Given(h)}):
+                    return self.skeleton(input_ids=ids, use_cache=False).logits
+            yield head
+        finally:
+            for m in self.head_modules:
+                self.release(m)
+
+    def _record(self, seq_len: int) -> None:
+        ids = torch.zeros(1, seq_len, dtype=torch.long, device=self.device)
+        stored = {name: _ZerosOf(m, self.compute_dtype, self.device) for name, m in self.owner.named_children()
+                  if any(m is e for e in self.embed_modules)}  # embedding tables (and projections): zeros of their shape
+        with torch.no_grad(), swapped(self.owner, stored):
+            self.owner(input_ids=ids, use_cache=False)
+
+
+def _ids_key(ids: torch.Tensor) -> tuple:
+    """A batch of token ids as a dictionary key (its shape, device and values)."""
+    return (tuple(ids.shape), str(ids.device), hash(ids.cpu().numpy().tobytes()))
+

@@ -1,0 +1,78 @@
+"""The lanes of a sweep: variants of one model carried through its layers side by side.
+
+    lanes = [Lane("base"), *removal_lanes(L)]      # the model, and the model without block l for each l
+    layout = Layout.of(lanes, L)                   # slots ordered by birth; which slots run layer j, zeroing what
+
+A *lane* is the model with a set of blocks skipped (``Lane.skip``) or of attention / MLP branches zeroed
+(``Lane.zero``); the first lane of a sweep is the *base*. Block j of every lane uses the same weights, so the sweep
+reads layer j once and applies it to every live lane that does not skip it. A lane is born as a copy of the base at
+the first layer where they differ (``block i removed``: at layer i, a copy of the base's input of block i), so it
+costs only the layers after it: the removal lanes cost sum_j j block evaluations, as the in-memory replay does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from depthlab.targets.branches import UNITS
+
+
+@dataclass(frozen=True)
+class Lane:
+    key: str  # e.g. "base", "removed:3", "joint:4,5", "attn:3" (part of the resume fingerprint)
+    skip: frozenset[int] = frozenset()  # 1-based blocks this lane skips
+    zero: frozenset[tuple[int, str]] = frozenset()  # (1-based block, unit): sublayers whose branch is zeroed (attn, mlp)
+
+    def units_at(self, j: int) -> tuple[str, ...]:
+        """The units of block j this lane zeroes, in block order."""
+        return tuple(u for u in UNITS if (j, u) in self.zero)
+
+
+def removal_lanes(n_layers: int, base_skip: frozenset[int] = frozenset()) -> list[Lane]:
+    """One lane per block not in ``base_skip``: the base's skips plus that block."""
+    return [Lane(f"removed:{l}", base_skip | {l}) for l in range(1, n_layers + 1) if l not in base_skip]
+
+
+def sublayer_lanes(n_layers: int) -> list[Lane]:
+    """One lane per (unit, block), units outermost: the model with that block's attention (or MLP) branch zeroed
+    (:mod:`~depthlab.targets.branches`). Each is born at its block, as a removal lane is."""
+    return [Lane(f"{u}:{l}", zero=frozenset({(l, u)})) for u in UNITS for l in range(1, n_layers + 1)]
+
+
+@dataclass
+class Layout:
+    """Slots of the lanes (ordered by birth: the live ones are a prefix) and where each is born."""
+
+    order: list[int]  # slot -> lane index
+    born: list[int]  # slot -> layer (1-based) at which it branches off the base (0: the base; L+1: never)
+    lanes: list[Lane]  # slot -> its lane (blocks skipped, sublayers zeroed)
+
+    @classmethod
+    def of(cls, lanes: Sequence[Lane], n_layers: int) -> Layout:
+        base = lanes[0]
+
+        def birth(s: Lane) -> int:
+            return next((j for j in range(1, n_layers + 1)
+                         if (j in s.skip) != (j in base.skip) or s.units_at(j) != base.units_at(j)), n_layers + 1)
+
+        births = [0] + [birth(s) for s in lanes[1:]]
+        order = sorted(range(len(lanes)), key=lambda i: (births[i], i))
+        return cls(order, [births[i] for i in order], [lanes[i] for i in order])
+
+    def live(self, j: int) -> int:
+        """Number of live slots at layer j (the base and every lane born at or before j)."""
+        return sum(1 for b in self.born if b <= j)
+
+    def runs(self, j: int) -> list[tuple[int, int, tuple[str, ...]]]:
+        """Contiguous [a, b) slot ranges of the live lanes that apply layer j, each with the units they zero in it."""
+        out: list[tuple[int, int, tuple[str, ...]]] = []
+        for s in range(self.live(j)):
+            if j in self.lanes[s].skip:
+                continue
+            units = self.lanes[s].units_at(j)
+            if out and out[-1][1] == s and out[-1][2] == units:
+                out[-1] = (out[-1][0], s + 1, units)
+            else:
+                out.append((s, s + 1, units))
+        return out

@@ -1,0 +1,246 @@
+"""A model whose modules are read from the checkpoint one at a time, and how its own forward calls each layer.
+
+    src = target.source                         # a LayerSource (HF: stream.hf.HFLayerSource; run: stream.run)
+    with src.embedding() as embed:              # the embedding read, used and released on exit
+        h = embed(ids)                          # (B, T, D): block 1's input
+    calls = src.layer_calls(T)                  # how the model calls each layer at length T (masks, rotary)
+    for i in range(src.n_layers):
+        with src.layer(i) as layer:             # layer i's tensors read, built into that layer alone
+            h = calls[i](layer, h, ids)         # ... and released on exit (ids: for blocks that read them)
+    with src.head() as head:                    # final norm + LM head
+        logits = head(h)
+
+The model is built once on the meta device (a *skeleton*: no memory). A module is *materialised* by loading its
+tensors from the memory-mapped safetensors files (``load_state_dict(assign=True)``) and *released* by moving it
+back to ``meta``, so one layer's tensors are alive at a time. How each layer is called (attention masks, rotary
+tables, per-layer attention types) is recorded from the model's own forward run once per sequence length with stub
+layers that return their input (:class:`Call`): nothing of the model's mask or rotary code is re-implemented.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from depthlab.base.errors import DepthlabError, first_line
+from depthlab.targets.stream.safetensors import TensorStore
+
+
+# ---------------------------------------------------------------------------------------------- layer calls
+@dataclass
+class Call:
+    """How the model called one layer: the arguments after the hidden states (masks, rotary tables). A family whose
+    blocks also read per-token values (``Family.token_args``) gets them from ``tokens(ids)`` for the batch's ids,
+    repeated over the lanes its rows stack; a block of several residual streams (``streams`` = (n, D), DeepSeek-V4's
+    hyper-connections) is handed its (B, T, n, D) state and returns it, both flattened to (B, T, n·D) outside."""
+
+    args: tuple
+    kwargs: dict
+    hidden_is_kwarg: bool
+    streams: tuple[int, ...] = ()
+    token_slots: tuple[tuple[str, int | None], ...] = ()  # (argument, its index in ``args``; None: a keyword)
+    tokens: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None  # ids (B, T) -> those arguments
+    row_args: tuple[str, ...] = ()  # keyword arguments recorded for one row, expanded to the call's rows
+
+    def __call__(self, layer: nn.Module, h: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        args, kwargs = self.args, self.kwargs
+        if self.token_slots:
+            if ids is None or self.tokens is None:
+                raise DepthlabError("this model's blocks read the token ids; the layer call needs them")
+            values, rows = self.tokens(ids), h.shape[0] // ids.shape[0]
+            args, kwargs = list(args), dict(kwargs)
+            for name, pos in self.token_slots:
+                v = values[name].repeat(rows, *[1] * (values[name].dim() - 1))  # stream-major rows, as the caller stacks
+                if pos is None:
+                    kwargs[name] = v
+                else:
+                    args[pos] = v
+        for name in self.row_args:
+            v = kwargs.get(name)
+            if isinstance(v, torch.Tensor) and v.shape[0] == 1:
+                kwargs = {**kwargs, name: v.expand(h.shape[0], *v.shape[1:])}
+        if self.streams:
+            h = h.unflatten(-1, self.streams)
+        out = layer(*args, **{**kwargs, "hidden_states": h}) if self.hidden_is_kwarg else layer(h, *args, **kwargs)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        return out.flatten(2) if self.streams else out
+
+
+class Stub(nn.Module):
+    """Stands in for a layer while the model's forward runs: records its call (and with ``hidden``, its input),
+    returns its input."""
+
+    def __init__(self, calls: list[Call | None], i: int, hidden: list | None = None) -> None:
+        super().__init__()
+        self.calls, self.i, self.hidden = calls, i, hidden
+
+    def forward(self, *args, **kwargs):
+        kw = not args or not isinstance(args[0], torch.Tensor)
+        h = kwargs.get("hidden_states") if kw else args[0]
+        rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+        self.calls[self.i] = Call(args if kw else args[1:], rest, kw)
+        if self.hidden is not None:
+            self.hidden.append(h)
+        return h
+
+
+@contextlib.contextmanager
+def swapped(owner: nn.Module, swaps: dict[str, nn.Module]) -> Iterator[None]:
+    """Submodules of ``owner`` replaced for the duration (``owner._modules`` set directly)."""
+    saved = {name: owner._modules[name] for name in swaps}
+    try:
+        owner._modules.update(swaps)
+        yield
+    finally:
+        owner._modules.update(saved)
+
+
+# ---------------------------------------------------------------------------------------------- the source
+class LayerSource:
+    """A model on the meta device whose modules are materialised from a :class:`TensorStore` on demand."""
+
+    skeleton: nn.Module
+    owner: nn.Module  # holds the layer list ...
+    layers_attr: str  # ... under this name
+    embed_modules: tuple[nn.Module, ...]  # applied in order to token ids
+    head_modules: tuple[nn.Module, ...]  # final norm, LM head
+    final_norm_attr: tuple[nn.Module, str]  # (owner, name) of the final norm, swapped out while recording calls
+    state_width: int  # width of the residual state between blocks as the engine holds it ((B, T, n·D) for n streams)
+    check_finite: bool = False  # refuse NaN/inf weights as they are read (depthlab runs, as load_run does)
+
+    def __init__(self, store: TensorStore, device: torch.device, dtype: torch.dtype, compute_dtype: torch.dtype,
+                 aliases: dict[str, str]) -> None:
+        self.store, self.device, self.dtype, self.compute_dtype = store, device, dtype, compute_dtype
+        self.aliases = aliases  # key -> key actually stored (a tied head reads the embedding)
+        self._calls: dict[int, list[Call]] = {}
+
+    # ------------------------------------------------------------------ structure
+    def _names(self) -> dict[int, str]:
+        """Module -> its dotted name in the skeleton (cached: the structure never changes)."""
+        if getattr(self, "_names_cache", None) is None:
+            self._names_cache = {id(m): name for name, m in self.skeleton.named_modules()}
+        return self._names_cache
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return getattr(self.owner, self.layers_attr)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def keys_of(self, module: nn.Module) -> list[str]:
+        """Checkpoint keys of ``module``'s tensors (aliases resolved)."""
+        prefix = self._names()[id(module)]
+        keys = [f"{prefix}.{k}" if prefix else k for k in module.state_dict()]
+        return [self.aliases.get(k, k) if k not in self.store else k for k in keys]
+
+    def layer_nbytes(self, i: int) -> int:
+        """Bytes layer ``i`` (0-based) occupies in the checkpoint."""
+        return self.store.nbytes(self.keys_of(self.layers[i]))
+
+    def layer_numel(self, i: int) -> int:
+        """Elements of layer ``i``'s tensors."""
+        return sum(self.store.index[k].numel for k in self.keys_of(self.layers[i]))
+
+    # ------------------------------------------------------------------ materialising
+    def materialise(self, module: nn.Module) -> None:
+        local = list(module.state_dict())
+        keys = self.keys_of(module)
+        tensors = self.store.read(keys, self.dtype, self.device, self.compute_dtype)
+        state = {k: tensors[key] for k, key in zip(local, keys)}
+        del tensors
+        if self.check_finite:
+            bad = next((k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+            if bad is not None:
+                raise DepthlabError(f"the checkpoint holds NaN/inf weights ({self.keys_of(module)[local.index(bad)]}); "
+                                    "refusing to use it")
+        self._fill_computed(module)  # before the weights: an initialisation may touch them too
+        try:
+            module.load_state_dict(state, strict=True, assign=True)
+            module.requires_grad_(False)  # no autograd graph may keep a released layer's weights alive
+        except RuntimeError as err:
+            raise DepthlabError(f"the checkpoint does not match its config: {first_line(err)[:200]}") from None
+        left = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
+        if left:
+            raise DepthlabError(f"cannot stream {type(module).__name__}: it holds tensors the checkpoint lacks {left[:3]}")
+
+    def _fill_computed(self, module: nn.Module) -> None:
+        """Tensors ``module`` computes rather than stores (none here; HF models: non-persistent buffers)."""
+
+    @staticmethod
+    def release(module: nn.Module) -> None:
+        module.to("meta")
+
+    @contextlib.contextmanager
+    def layer(self, i: int) -> Iterator[nn.Module]:
+        """Layer ``i`` (0-based) with its weights, released on exit."""
+        layer = self.layers[i]
+        self.materialise(layer)
+        try:
+            yield layer
+        finally:
+            self.release(layer)
+
+    @contextlib.contextmanager
+    def head(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """Final norm + LM head: residual stream (B, T, D) -> logits (B, T, V); released on exit."""
+        for m in self.head_modules:
+            self.materialise(m)
+        try:
+            def head(h: torch.Tensor) -> torch.Tensor:
+                for m in self.head_modules:
+                    h = m(h)
+                return h
+            yield head
+        finally:
+            for m in self.head_modules:
+                self.release(m)
+
+    @contextlib.contextmanager
+    def embedding(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """Token ids (B, T) -> the input of block 1 (B, T, D); released on exit."""
+        for m in self.embed_modules:
+            self.materialise(m)
+        try:
+            def embed(ids: torch.Tensor) -> torch.Tensor:
+                h = ids
+                for m in self.embed_modules:
+                    h = m(h)
+                return h
+            yield embed
+        finally:
+            for m in self.embed_modules:
+                self.release(m)
+
+    # ------------------------------------------------------------------ calls
+    def layer_calls(self, seq_len: int) -> list[Call]:
+        """How the model's own forward calls each layer on a sequence of ``seq_len`` tokens (batch 1:
+        masks and rotary tables broadcast over any number of rows)."""
+        if seq_len not in self._calls:
+            calls: list[Call | None] = [None] * self.n_layers
+            stubs = nn.ModuleList(Stub(calls, i) for i in range(self.n_layers))
+            with swapped(self.owner, {self.layers_attr: stubs}), self._after_layers_off():
+                self._record(seq_len)
+            if any(c is None for c in calls):
+                raise DepthlabError("the model's forward did not call every layer; cannot stream it")
+            self._calls[seq_len] = [self._bind(i, c) for i, c in enumerate(calls)]  # type: ignore[arg-type]
+        return self._calls[seq_len]
+
+    def _after_layers_off(self) -> contextlib.AbstractContextManager:
+        """What the model applies after its last block (the final norm) replaced by identities."""
+        owner, name = self.final_norm_attr
+        return swapped(owner, {name: nn.Identity()})
+
+    def _bind(self, i: int, call: Call) -> Call:
+        """Layer ``i``'s recorded call, completed with what it needs beyond the recording (none here)."""
+        return call
+
+    def _record(self, seq_len: int) -> None:
+        raise NotImplementedError
+
