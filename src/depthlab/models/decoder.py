@@ -134,12 +134,11 @@ class DecoderLM(SchemedModel):
         return self.lm_head(self.norm(h))
 
     # ------------------------------------------------------------------ forward
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # (B, T) token ids
-        labels: torch.Tensor | None = None,  # (B, T) next-token targets, IGNORE_INDEX (-100) = ignore
-        output_hidden_states: bool = False,
-    ) -> LMOutput:
+    def features(self, input_ids: torch.Tensor, output_hidden_states: bool = False
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """The LM head's input, the final norm's output (B, T, D), and the L+1 block-boundary states when asked:
+        everything of :meth:`forward` but the head (:func:`depthlab.models.nn.loss.linear_cross_entropy` takes
+        it from here, so that the (B, T, V) logits are never whole)."""
         h = self.embed_norm(self.embed(input_ids))  # (B, T, D)
         rope = self.rope(input_ids.shape[1], h.device)
         hidden = [h] if output_hidden_states else None
@@ -147,11 +146,20 @@ class DecoderLM(SchemedModel):
             h = block(h, rope)
             if hidden is not None:
                 hidden.append(h)
-        logits = self.head(h)
+        return self.norm(h), tuple(hidden) if hidden is not None else None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, T) token ids
+        labels: torch.Tensor | None = None,  # (B, T) next-token targets, IGNORE_INDEX (-100) = ignore
+        output_hidden_states: bool = False,
+    ) -> LMOutput:
+        x, hidden = self.features(input_ids, output_hidden_states)
+        logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
-        return LMOutput(logits, loss, tuple(hidden) if hidden is not None else None)
+        return LMOutput(logits, loss, hidden)
 
     def profile_input(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Random model inputs for profiling passes at init (Admin): ``batch`` rows of token ids."""

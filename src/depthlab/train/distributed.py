@@ -84,14 +84,26 @@ class LossOutput(NamedTuple):
 
 class LMLoss(nn.Module):
     """``(input_ids, labels, output_hidden_states) -> LossOutput``: the model behind one plain-tensor
-    interface, so every distributed wrapper sees tensors in and tensors out."""
+    interface, so every distributed wrapper sees tensors in and tensors out.
 
-    def __init__(self, model: nn.Module) -> None:
+    ``chunked_ce``: the training loss from the LM head in chunks of ``ce_rows`` rows
+    (:func:`depthlab.models.nn.loss.linear_cross_entropy`; None: its default), the (B, T, V) logits never whole;
+    calls that ask for the logits take the plain path. Off by default until a GPU measurement says it is faster
+    (benchmarks/train_throughput.py ``+chunkce``; docs/performance.md)."""
+
+    def __init__(self, model: nn.Module, chunked_ce: bool = False, ce_rows: int | None = None) -> None:
         super().__init__()
         self.model = model
+        self.chunked_ce, self.ce_rows = chunked_ce, ce_rows
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 output_hidden_states: bool = False, return_logits: bool = False) -> LossOutput:
+        if self.chunked_ce and labels is not None and not return_logits:
+            from depthlab.models.nn.loss import linear_cross_entropy
+
+            x, hidden = self.model.features(input_ids, output_hidden_states)
+            loss = linear_cross_entropy(x.flatten(0, 1), self.model.lm_head.weight, labels.flatten(), self.ce_rows)
+            return LossOutput(loss, tuple(hidden or ()), None)
         out = self.model(input_ids, labels=labels, output_hidden_states=output_hidden_states)
         loss = out.loss if out.loss is not None else out.logits.new_zeros(())
         return LossOutput(loss, tuple(out.hidden_states or ()), out.logits if return_logits else None)
