@@ -86,19 +86,21 @@ def _nbytes(shape: tuple[int, ...]) -> int:
     return 2 * math.prod(shape)  # bf16
 
 
-def _tensor_bytes(name: str, shape: tuple[int, ...], seed: int):
-    """The tensor in bf16, row chunk by row chunk: norms are ones, every other weight N(0, INIT_STD)."""
+def _tensor_bytes(name: str, shape: tuple[int, ...], seed: int, device: str = "cpu"):
+    """The tensor in bf16, row chunk by row chunk: norms are ones, every other weight N(0, INIT_STD), drawn on
+    ``device`` (a GPU draws the 8B shape's 8e9 numbers in a second; a CPU takes minutes)."""
     if len(shape) == 1:
         yield torch.ones(shape, dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()
         return
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device).manual_seed(seed)
     for r in range(0, shape[0], ROW_CHUNK):
-        rows = torch.randn(min(ROW_CHUNK, shape[0] - r), shape[1], generator=gen) * INIT_STD
-        yield rows.to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+        rows = torch.randn(min(ROW_CHUNK, shape[0] - r), shape[1], generator=gen, device=device) * INIT_STD
+        yield rows.to(torch.bfloat16).cpu().view(torch.int16).numpy().tobytes()
 
 
-def write_checkpoint(path: Path, s: dict, seed: int = 0) -> dict:
-    """The checkpoint of shapes ``s`` in ``path`` (reused when complete); returns its size and how long it took."""
+def write_checkpoint(path: Path, s: dict, seed: int = 0, device: str = "cpu") -> dict:
+    """The checkpoint of shapes ``s`` in ``path`` (reused when complete), its random weights drawn on ``device`` (the
+    same seed draws other numbers on another device); returns its size and how long it took."""
     done = path / "complete.json"
     if done.is_file():
         return {**json.loads(done.read_text()), "reused": True}
@@ -114,7 +116,7 @@ def write_checkpoint(path: Path, s: dict, seed: int = 0) -> dict:
     weight_map, total = {}, 0
     for k, shard in enumerate(shards, start=1):
         fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        total += _write_shard(path / fname, shard, seed, specs)
+        total += _write_shard(path / fname, shard, seed, specs, device)
         weight_map.update(dict.fromkeys((n for n, _ in shard), fname))
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
                                                                    "weight_map": weight_map}, indent=1))
@@ -123,12 +125,13 @@ def write_checkpoint(path: Path, s: dict, seed: int = 0) -> dict:
     from depthlab.hf.tiny import byte_tokenizer
 
     byte_tokenizer().save_pretrained(path)
-    info = {"bytes": total, "shards": len(shards), "write_s": round(time.perf_counter() - t0, 1), "seed": seed}
+    info = {"bytes": total, "shards": len(shards), "write_s": round(time.perf_counter() - t0, 1), "seed": seed,
+            "drawn_on": device}
     done.write_text(json.dumps(info) + "\n")
     return {**info, "reused": False}
 
 
-def _write_shard(file: Path, shard: list, seed: int, specs: list) -> int:
+def _write_shard(file: Path, shard: list, seed: int, specs: list, device: str = "cpu") -> int:
     entries, offset = {}, 0
     for name, shape in shard:
         entries[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + _nbytes(shape)]}
@@ -139,7 +142,7 @@ def _write_shard(file: Path, shard: list, seed: int, specs: list) -> int:
     with open(file, "wb") as f:
         f.write(struct.pack("<Q", len(meta)) + meta)
         for name, shape in shard:
-            for chunk in _tensor_bytes(name, shape, seed * 100_003 + order.index(name)):
+            for chunk in _tensor_bytes(name, shape, seed * 100_003 + order.index(name), device):
                 f.write(chunk)
     return offset
 

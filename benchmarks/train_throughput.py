@@ -15,7 +15,13 @@ Variants (``--variants``, comma-separated), each ``MODEL[+bf16][+compile][+cudag
   compiles it (LNS's constant scales lifted to data first); ``+sync`` reads the loss after every step, as the
   trainer did before its steps stopped waiting for the device (a host sync per step: the A/B of that change);
   ``+cudagraphs`` compiles with ``mode="reduce-overhead"`` (the compiled forward and backward replayed as CUDA
-  graphs: no kernel launches from the host; implies ``+compile``; the trainer does not offer it yet).
+  graphs: no kernel launches from the host; implies ``+compile``; the trainer does not offer it yet);
+  ``+autotune`` compiles with ``mode="max-autotune-no-cudagraphs"`` (inductor times Triton templates against
+  cuBLAS for every matmul shape; a long first compile); ``+chunkce`` (or ``+chunkceN``: N rows a chunk) takes the
+  loss from the LM head in chunks, the logits never whole (``depthlab.models.nn.loss``; ``LMLoss(chunked_ce=True)``);
+  ``+foreach`` steps a foreach (multi-tensor, unfused) Adam(W) instead of the fused one, which also makes the
+  trainer read each loss before stepping (a host sync: what an unfused optimizer costs the trainer);
+  ``+mbN``: N sequences per forward for this variant (default ``--micro-batch-size``).
 - ``hf``: a plain loop over ``transformers.LlamaForCausalLM`` of the same shape (SDPA attention): forward,
   cross-entropy, backward, ``torch.optim.AdamW`` with torch's default implementation for the device,
   zero_grad; ``+bf16`` autocasts its forward; ``+compile`` compiles its forward + loss.
@@ -48,6 +54,12 @@ It is reported against two references:
   without bf16 instructions, fp32): the fraction of what the device's matmul library reaches at its best;
 - ``mfu`` (CUDA): against the data-sheet peak of ``PEAK_TFLOPS`` (dense, no sparsity), the usual MFU.
 
+``--profile VARIANT,...``: after the rounds, ``--profile-steps`` steps of each named variant under torch.profiler
+(benchmarks/step_profile.py): the shares of matmul, attention, cross-entropy, embedding, optimizer, copies and
+element-wise work in the GPU's time, the launch gaps (the share of the window the GPU idled) and the top kernels;
+in the report's ``profile``. Compiled variants of other shapes or modes never reuse each other's graphs (one
+process may hold many: dynamo's automatic dynamic shapes are off here and its recompile limit raised).
+
 The result (device, versions, the exact command, the load average, every raw timing) is written as JSON to
 ``benchmarks/results/train_throughput_<device>_<preset>.json`` unless ``--out`` says otherwise.
 """
@@ -55,8 +67,10 @@ The result (device, versions, the exact command, the load average, every raw tim
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import platform
+import re
 import shlex
 import statistics
 import sys
@@ -102,27 +116,47 @@ class Variant:
     compile: bool
     sync: bool = False  # read the loss after every step (a host-device sync)
     cudagraphs: bool = False  # torch.compile(mode="reduce-overhead")
+    autotune: bool = False  # torch.compile(mode="max-autotune-no-cudagraphs")
+    chunkce: bool = False  # the loss from the LM head in chunks (LMLoss(chunked_ce=True))
+    ce_rows: int | None = None  # rows per chunk (None: linear_cross_entropy's default)
+    foreach: bool = False  # a foreach Adam(W) instead of the fused one
+    micro: int | None = None  # sequences per forward (None: --micro-batch-size)
 
     @property
     def dtype(self) -> str:
         return "bfloat16" if self.bf16 or self.model == "official" else "float32"
 
+    @property
+    def mode(self) -> str | None:
+        """torch.compile's mode."""
+        return "reduce-overhead" if self.cudagraphs else "max-autotune-no-cudagraphs" if self.autotune else None
+
+
+FLAGS = ("bf16", "compile", "cudagraphs", "autotune", "sync", "foreach", "chunkce[N]", "mbN")
+
 
 def parse_variant(spec: str) -> Variant:
     model, *flags = spec.strip().split("+")
-    unknown = [f for f in flags if f not in ("bf16", "compile", "cudagraphs", "sync")]
+    simple = {f for f in flags if f in ("bf16", "compile", "cudagraphs", "autotune", "sync", "foreach", "chunkce")}
+    micro = [int(f[2:]) for f in flags if re.fullmatch(r"mb[1-9][0-9]*", f)]
+    rows = [int(f[7:]) for f in flags if re.fullmatch(r"chunkce[1-9][0-9]*", f)]
+    unknown = [f for f in flags if f not in simple and not re.fullmatch(r"(mb|chunkce)[1-9][0-9]*", f)]
     if unknown or not model:
-        raise ValueError(f"variant {spec!r}: MODEL[+bf16][+compile][+cudagraphs][+sync], unknown part(s) {unknown}")
-    if model == "official" and flags:
-        raise ValueError("the official-style loop is pure bf16 and uncompiled by definition: no +flags")
-    if model == "hf" and "sync" in flags:
-        raise ValueError("+sync is for depthlab's trainer step (the HF loop never reads its loss)")
+        raise ValueError(f"variant {spec!r}: MODEL[+FLAG]..., FLAG one of {', '.join(FLAGS)}; unknown part(s) {unknown}")
+    if model == "official" and set(flags) - {f"mb{m}" for m in micro}:
+        raise ValueError("the official-style loop is pure bf16 and uncompiled by definition: no +flags but +mbN")
+    if model == "hf" and simple & {"sync", "foreach", "chunkce"} or model == "hf" and rows:
+        raise ValueError("+sync, +foreach and +chunkce are for depthlab's trainer step (the HF loop is a plain one)")
+    if "cudagraphs" in simple and "autotune" in simple:
+        raise ValueError(f"variant {spec!r}: +cudagraphs or +autotune (two compile modes), not both")
     if model not in HF_KINDS:
         from depthlab.models.schemes import get_scheme
 
         get_scheme(model)  # an unknown scheme fails here, naming the valid ones
-    graphs = "cudagraphs" in flags
-    return Variant(spec.strip(), model, "bf16" in flags, "compile" in flags or graphs, "sync" in flags, graphs)
+    graphs = "cudagraphs" in simple
+    return Variant(spec.strip(), model, "bf16" in simple, bool(simple & {"compile", "cudagraphs", "autotune"}),
+                   "sync" in simple, graphs, "autotune" in simple, "chunkce" in simple or bool(rows),
+                   rows[0] if rows else None, "foreach" in simple, micro[0] if micro else None)
 
 
 class FixedBatch:
@@ -161,10 +195,14 @@ def trainer_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device
     batch = data.x.shape[0]
     tcfg = TrainConfig(optimizer="adamw", lr=1e-4, warmup=0, steps=10**9, batch_size=batch, micro_batch_size=micro or batch,
                        seq_len=data.x.shape[1], device=str(device), dtype="bf16" if v.bf16 else "fp32", compile=v.compile)
-    module, env = D.LMLoss(model), D.DistEnv()
-    mode = "reduce-overhead" if v.cudagraphs else None
-    forward = Forward(module, device, autocast_for(tcfg, device), compile_for_training(module, mode) if v.compile else None)
+    module, env = D.LMLoss(model, chunked_ce=v.chunkce, ce_rows=v.ce_rows), D.DistEnv()
+    forward = Forward(module, device, autocast_for(tcfg, device), compile_for_training(module, v.mode) if v.compile else None)
     optimizer = build_optimizer(model, tcfg, device)
+    if v.foreach:  # the same groups and hyper-parameters, the multi-tensor (unfused) kernels
+        takes = set(inspect.signature(type(optimizer)).parameters) - {"params", "fused", "foreach"}
+        groups = [{k: x for k, x in g.items() if k not in ("fused", "foreach")} for g in optimizer.param_groups]
+        kwargs = {k: x for k, x in optimizer.defaults.items() if k in takes}
+        optimizer = type(optimizer)(groups, **kwargs, fused=None, foreach=True)
     counter = iter(range(1, 10**9))
 
     def step() -> None:
@@ -189,7 +227,7 @@ def hf_step(v: Variant, cfg: depthlab.ModelConfig, data: FixedBatch, device: tor
         logits = model(input_ids=inp).logits
         return F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
 
-    fwd = torch.compile(loss_fn, mode="reduce-overhead" if v.cudagraphs else None) if v.compile else loss_fn
+    fwd = torch.compile(loss_fn, mode=v.mode) if v.compile else loss_fn
 
     def step() -> None:
         x, y = data.x.to(device, non_blocking=True), data.y.to(device, non_blocking=True)
@@ -282,7 +320,7 @@ def build_all(variants: list[Variant], cfg, data: FixedBatch, device: torch.devi
     out = {}
     for v in variants:
         make = hf_step if v.model in HF_KINDS else trainer_step
-        out[v.name] = make(v, cfg, data, device, seed, micro)
+        out[v.name] = make(v, cfg, data, device, seed, v.micro or micro)
     return out
 
 
@@ -319,18 +357,49 @@ def warm_up(steps: dict, args: argparse.Namespace, device: torch.device) -> dict
     return first
 
 
+def static_graphs() -> None:
+    """One process measures compiled variants of several shapes and modes: each gets its own static graph (dynamo's
+    automatic dynamic shapes would compile the second batch size as a dynamic-shape graph, with other kernels than
+    a run of that size gets), and the recompile limit is raised so that no variant falls back to eager."""
+    import torch._dynamo.config as dynamo
+
+    dynamo.automatic_dynamic_shapes = False
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, 64)
+
+
+def profile_variants(built: dict, args: argparse.Namespace, device: torch.device) -> dict:
+    """``--profile``: each named (and warmed-up) variant's :func:`step_profile.profile_steps`, while the budget lasts."""
+    from step_profile import profile_steps
+
+    out = {}
+    for name in args.profile:
+        if name not in built:
+            out[name] = {"skipped": args.errors.get(name, "not warmed up (the --budget-s ran out)")}
+        elif left(args) <= 0:
+            out[name] = {"skipped": "the --budget-s ran out"}
+        else:
+            out[name] = profile_steps(built[name][1], args.profile_steps, device)
+            shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in out[name].get("shares", {}).items())
+            print(f"  profile {name}: {shares}; launch gaps {100 * (out[name].get('launch_gap_share') or 0):.0f}%",
+                  flush=True)
+    return out
+
+
 def timed_rounds(steps: dict, args: argparse.Namespace, device: torch.device,
                  matmul: Callable[[], float]) -> tuple[dict, dict, list[float]]:
     """Interleaved rounds: seconds per round of ``args.steps`` steps, and peak memory (CUDA), per variant; and
     ``matmul()`` (the fp32 matmul rate) once per round, so that the reference is measured at the same moments.
-    A round starts only when the budget has room for one more as long as the last (always at least one)."""
+    A round starts only when the budget has room for one more as long as the last and for the profiles (12 s each)
+    after the rounds (always at least one round)."""
     names = list(steps)
     raw: dict[str, list[float]] = {n: [] for n in names}
     peak: dict[str, int | None] = {n: None for n in names}
     rates: list[float] = []
     last_round = 0.0
     for r in range(args.repeats if names else 0):
-        if r and left(args) < last_round:
+        if r and left(args) < last_round + 12.0 * len(args.profile):  # the profiles after the rounds keep their time
             print(f"  stopped after {r} round(s): the --budget-s has no room for another", flush=True)
             break
         t_round = time.perf_counter()
@@ -371,7 +440,8 @@ def summarize(variants: list[Variant], built: dict, raw: dict, peak: dict, first
         step_s = args.batch_size * args.seq_len / med
         results[v.name] = {
             "model": v.model, "bf16": v.bf16, "compile": v.compile, "cudagraphs": v.cudagraphs, "sync": v.sync,
-            "dtype": v.dtype,
+            "autotune": v.autotune, "chunked_ce": v.chunkce, "ce_rows": v.ce_rows, "foreach": v.foreach,
+            "micro_batch_size": v.micro or args.micro_batch_size or args.batch_size, "dtype": v.dtype,
             "tokens_per_s_median": med, "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
             "tokens_per_s_all": tps, "seconds_per_round": raw[v.name], "step_s": step_s,
             "first_step_s": first.get(v.name), "compile_s_estimate": (first[v.name] - step_s) if v.compile and v.name in first
@@ -383,18 +453,19 @@ def summarize(variants: list[Variant], built: dict, raw: dict, peak: dict, first
     return results
 
 
-def paired_ratios(raw: dict, variants: list[Variant]) -> dict[str, float]:
+def paired_ratios(raw: dict, variants: list[Variant], baseline: str | None = None) -> dict[str, float]:
     """Median over rounds of (time of b / time of a) = tokens/s of a over b, measured at the same moment:
-    every variant over the first ``hf`` variant, each ``lns...`` over its ``pre...`` twin, and each variant over
-    its ``+sync`` twin (variants the budget left out have no rounds, and no ratio)."""
+    every variant over ``baseline`` (``--baseline``; default the first ``hf`` variant), each ``lns...`` over its
+    ``pre...`` twin, and each variant over its ``+sync`` twin (variants the budget left out have no rounds, and no
+    ratio)."""
     names = [v.name for v in variants if raw.get(v.name)]
     pairs = []
-    base = next((n for n in names if n.split("+")[0] == "hf"), None)
+    base = baseline if baseline in names else next((n for n in names if n.split("+")[0] == "hf"), None)
     if base:
         pairs += [(n, base) for n in names if n != base]
     pairs += [(n, "pre" + n[3:]) for n in names if n.startswith("lns") and "pre" + n[3:] in names]
     pairs += [(n, n + "+sync") for n in names if n + "+sync" in names]
-    return {f"{a}_over_{b}": statistics.median(tb / ta for ta, tb in zip(raw[a], raw[b])) for a, b in pairs}
+    return {f"{a}_over_{b}": statistics.median(tb / ta for ta, tb in zip(raw[a], raw[b])) for a, b in dict.fromkeys(pairs)}
 
 
 # ---------------------------------------------------------------------------------- main
@@ -416,6 +487,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="result folder or .json file (default outside the checkout; "
                    "--out benchmarks/results updates the committed one)")
+    p.add_argument("--baseline", default=None, help="the variant every other one is paired with (default: the "
+                   "first hf variant)")
+    p.add_argument("--profile", default="", help="variants to profile after the rounds (comma-separated; "
+                   "benchmarks/step_profile.py): the report's 'profile'")
+    p.add_argument("--profile-steps", type=int, default=2, help="steps per profiled variant (default 2)")
     p.add_argument("--budget-s", type=float, default=None, help="wall-time budget: variants not warmed up and rounds "
                    "not started by then are left out, and what was measured is written (default: none)")
     args = p.parse_args(argv)
@@ -432,6 +508,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.parsed = [parse_variant(s) for s in args.variants.split(",") if s.strip()]
     except (ValueError, depthlab.DepthlabError) as err:
         p.error(str(err))
+    for v in args.parsed:
+        if v.micro is not None and args.batch_size % v.micro:
+            p.error(f"variant {v.name}: +mb{v.micro} must divide --batch-size {args.batch_size}")
+    args.profile = [n.strip() for n in args.profile.split(",") if n.strip()]
+    unknown = [n for n in args.profile if n not in {v.name for v in args.parsed}]
+    if unknown:
+        p.error(f"--profile {','.join(unknown)}: not among --variants ({args.variants})")
     return args
 
 
@@ -440,6 +523,7 @@ def measure(args: argparse.Namespace) -> dict:
     from depthlab.base.devices import resolve_device
 
     device = resolve_device(args.device)  # "cuda" -> cuda:<current>
+    static_graphs()
     if args.threads:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
@@ -462,6 +546,7 @@ def measure(args: argparse.Namespace) -> dict:
     first = warm_up(built, args, device)
     built_warm = {k: v for k, v in built.items() if k in first}
     raw, peak, fp32_rates = timed_rounds(built_warm, args, device, lambda: matmul_tflops(device, torch.float32, n, 3))
+    profiles = profile_variants(built_warm, args, device)
     if fp32_rates:
         rates["float32"] = statistics.median(fp32_rates)  # the same moments as the steps (a shared machine drifts)
     return {
@@ -474,7 +559,8 @@ def measure(args: argparse.Namespace) -> dict:
         "peak_tflops": peaks,
         "flops_convention": "PaLM: 6*N_matmul + 12*L*H*head_dim*T per token (non-causal attention count)",
         "results": summarize(args.parsed, built, raw, peak, first, args, cfg, rates, peaks),
-        "paired_ratios": paired_ratios(raw, args.parsed), "loadavg_before_after": [load_before, list(os.getloadavg())],
+        "paired_ratios": paired_ratios(raw, args.parsed, args.baseline), "profile": profiles,
+        "loadavg_before_after": [load_before, list(os.getloadavg())],
         "goals": {"best_depthlab_over_hf_cpu": ">= 1.5", "lns_over_pre": ">= 0.99",
                   "mfu_h100_llama-130m_seq1024_compiled_bf16": ">= 0.45", "over_official_gpu": ">= 2"},
     }

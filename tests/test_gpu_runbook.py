@@ -36,22 +36,93 @@ def members(path: Path) -> list[str]:
         return tar.getnames()
 
 
-def test_a_dry_run_collects_gpu_tests_and_measures_every_variant(tmp_path):
+def bench(module: str):
+    """A module of benchmarks/gpu/ (or benchmarks/) imported by name."""
+    import importlib
+
+    for folder in (REPO / "benchmarks" / "gpu", REPO / "benchmarks"):
+        sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module(module)
+    finally:
+        del sys.path[:2]
+
+
+def test_a_dry_run_collects_gpu_tests_measures_every_lever_and_profiles(tmp_path):
     record, files = dry_run("a_setup_tests_throughput.py", tmp_path)
     assert {"a.json", "a.log", "pytest.log", "throughput_130m.json", "throughput_1b.json"} <= set(files)
     collected = (tmp_path / "out" / "pytest.log").read_text()
     assert "test_sdpa_takes_flash_or_cudnn_for_the_causal_case" in collected  # the GPU tests are there
     assert "test_a_training_step_never_waits_for_the_gpu" in collected
     res = record["results"]
-    table = res["throughput_130m"]
-    assert set(table["variants"]) == {"pre", "pre+sync", "lns", "official"}  # the GPU variants, +bf16/+compile off
-    assert all(v["tokens_per_s_median"] > 0 and v["of_matmul"] > 0 for v in table["variants"].values())
-    assert table["device"] and "lns_over_pre" in table["paired_ratios"] and "pre_over_pre+sync" in table["paired_ratios"]
-    assert set(res["throughput_1b"]["variants"]) == {"pre", "lns"}
-    assert set(res["compile_s"]) == {"llama-130m pre", "llama-130m lns", "llama-130m pre+cudagraphs", "llama-1b pre",
-                                     "llama-1b lns"}
+    a = bench("a_setup_tests_throughput")
+    assert set(res["compile_s"]) == {f"{p} {v}" for _, p, vs in a.CHAINS for v in vs}
     assert all(v > 0 for v in res["compile_s"].values())  # each background warm-up wrote its first step
+    lev = res["levers"]["130m"]
+    # every lever of the GPU's list, as the toy measures it (eager; micro-batches / 16): all warmed, all measured
+    assert set(lev["variants"]) == {a.dry(v) for v, _ in a.VARIANTS_130M} == {
+        "pre", "pre+chunkce", "pre+foreach", "pre+mb2", "pre+mb4", "pre+chunkce+mb4"}
+    assert all(v["tokens_per_s_median"] > 0 for v in lev["variants"].values())
+    assert lev["default"] == "pre" and set(lev["over_default"]) == set(lev["variants"]) - {"pre"}
+    assert lev["fastest"] in lev["variants"] and lev["goal_mfu"] == 0.45
+    assert lev["variants"]["pre+mb4"]["micro_batch_size"] == 4 and lev["variants"]["pre"]["micro_batch_size"] == 1
+    for name in ("pre", "pre+chunkce"):  # the profile: shares of the step's time by kind, launch gaps, top kernels
+        prof = lev["profile"][name]
+        assert sum(prof["shares"].values()) == pytest.approx(1.0) and {"matmul", "cross_entropy"} <= set(prof["shares"])
+        assert 0 <= prof["launch_gap_share"] < 1 and prof["top"][0]["ms_per_step"] > 0
+    assert set(res["levers"]["1b"]["variants"]) == {"pre", "pre+mb1"} and "pre" in res["levers"]["1b"]["profile"]
     assert record["seconds"] < 250  # the hard deadline held
+
+
+def test_a_stash_only_keeps_the_corpus_part_and_measures_nothing(tmp_path):
+    a = bench("a_setup_tests_throughput")
+    assert a.main(["--stash-only", "--device", "cpu", "--out", str(tmp_path / "out"),
+                   "--carry", str(tmp_path / "none")]) == 0
+    record = json.loads((tmp_path / "out" / "a.json").read_text())
+    assert record["results"] == {"kept_for_later_calls": []} and record["steps"] == []
+
+
+def test_throughput_variants_name_each_lever_and_refuse_what_they_cannot_be():
+    tt = bench("train_throughput")
+    v = tt.parse_variant("pre+bf16+compile+chunkce512+mb32")
+    assert (v.compile, v.chunkce, v.ce_rows, v.micro, v.mode) == (True, True, 512, 32, None)
+    assert tt.parse_variant("pre+bf16+autotune").mode == "max-autotune-no-cudagraphs"
+    assert tt.parse_variant("lns+bf16+cudagraphs").mode == "reduce-overhead"
+    assert tt.parse_variant("pre+foreach").foreach and tt.parse_variant("official+mb4").micro == 4
+    for bad, why in (("pre+cudagraphs+autotune", "not both"), ("hf+chunkce", "depthlab's trainer"),
+                     ("pre+mb0", "unknown part"), ("pre+fast", "unknown part"), ("official+bf16", "no \\+flags")):
+        with pytest.raises(ValueError, match=why):
+            tt.parse_variant(bad)
+
+
+def test_step_profile_names_kernels_and_finds_the_gpus_idle_time():
+    sp = bench("step_profile")
+    names = {"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul",
+             "nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTT": "matmul", "triton_tem_fused_mm_0": "matmul",
+             "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>": "attention",
+             "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3": "attention",
+             "triton_red_fused__log_softmax__to_copy_nll_loss_forward_3": "cross_entropy",
+             "triton_poi_fused_embedding_dense_backward_1": "embedding",
+             "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+             "Memcpy HtoD (Pinned -> Device)": "copy", "triton_per_fused_add_mean_mul_pow_rsqrt_2": "other"}
+    assert {n: sp.categorise(n) for n in names} == names
+    # two steps: kernels 0-40 us and 50-80 us (a 10 us gap), one nested in time on another stream
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "nvjet_gemm", "ts": 0, "dur": 30},
+        {"ph": "X", "cat": "kernel", "name": "triton_red_fused__log_softmax_0", "ts": 20, "dur": 20},
+        {"ph": "X", "cat": "kernel", "name": "multi_tensor_apply_kernel", "ts": 50, "dur": 30},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 5}]}
+    b = sp.breakdown(trace, "cuda", steps=2)
+    assert b["launch_gap_share"] == pytest.approx(10 / 80) and b["events"] == 3
+    assert b["shares"] == pytest.approx({"matmul": 0.375, "cross_entropy": 0.25, "optimizer": 0.375})
+    assert b["time_s_per_step"] == pytest.approx(40e-6) and b["top"][0]["calls_per_step"] == 0.5
+    cpu = {"traceEvents": [  # aten::linear (10) holds aten::addmm (7): self times 3 and 7; then a 5 us gap
+        {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "ts": 2, "dur": 7, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::_fused_adamw_", "ts": 15, "dur": 5, "pid": 1, "tid": 1}]}
+    b = sp.breakdown(cpu, "cpu", steps=1)
+    assert b["shares"] == pytest.approx({"matmul": 10 / 15, "optimizer": 5 / 15})
+    assert b["launch_gap_share"] == pytest.approx(5 / 20)
 
 
 def test_b_dry_run_trains_both_schemes_with_depth_tracking_and_counts_epochs(tmp_path):
@@ -90,13 +161,41 @@ def test_b_takes_the_regime_as_flags_with_the_papers_batch_in_tokens(tmp_path):
         ("muon", "0.0", "1024", "128")
 
 
-def test_c_dry_run_diagnoses_at_two_token_counts(tmp_path):
+def test_c_dry_run_streams_diagnose_and_prune_times_each_layer_and_runs_nccls_check(tmp_path):
     record, files = dry_run("c_diagnose.py", tmp_path)
-    assert set(files) == {"c.json", "c.log", "c-reports.tar.gz"}
+    assert set(files) == {"c.json", "c.log", "nccl.json", "c-reports.tar.gz"}
     res = record["results"]
-    for tokens in (256, 512):
-        assert res[f"diagnose_{tokens}"]["rc"] == 0 and "blocks" in res[f"diagnose_{tokens}"]["summary"]
-    assert sum(n.endswith("report.json") for n in members(tmp_path / "out" / "c-reports.tar.gz")) == 2
+    diag, prune = res["diagnose_stream"], res["prune_stream"]
+    L = res["streamed_shape"]["n_layers"]
+    assert diag["finished"] and diag["rc"] == 0 and diag["layers_timed"] == L  # one weight pass, every layer timed
+    assert diag["engine"]["weight_passes"] == 1 and diag["engine"]["block_evals"] == L * (L + 1) // 2
+    assert all(diag["seconds"][k] > 0 for k in ("read", "compute", "save", "head")) and diag["saved_bytes"] > 0
+    assert diag["compute_tflops"] > 0 and diag["read_gb_per_s"] > 0 and diag["peak_host_rss_gib"] > 0
+    assert prune["finished"] and prune["engine"]["weight_passes"] >= 2 and len(prune["passes"]) >= 2
+    ex = res["extrapolation_70b"]
+    assert ex["block_token_evals"] == 80 * 81 // 2 * res["streamed_tokens"] and ex["total_with_resume_state_s"] > 0
+    assert len(ex["assumptions"]) >= 4
+    nccl = res["nccl"]
+    assert nccl["passed"] and nccl["backend"] == "gloo" and set(nccl["runs"]) == {
+        "single", "ddp", "fsdp", "fsdp-resumed-as-ddp", "ddp-resumed-as-fsdp"}
+    assert all(r["max_rel_loss_diff"] <= 1e-6 for n, r in nccl["runs"].items() if n != "single")
+    names = members(tmp_path / "out" / "c-reports.tar.gz")
+    assert "reports/8b-diagnose/report.json" in names and "reports/8b-pruned/prune.json" in names
+    assert not any(n.endswith(".safetensors") for n in names)
+
+
+def test_the_70b_extrapolation_scales_each_part_by_its_own_count():
+    c = bench("c_diagnose")
+    s8 = c.SHAPES["8b"]
+    m = {"finished": True, "compute_tflops": 400.0, "read_gb_per_s": 2.0, "save_gb_per_s": 1.0,
+         "saved_bytes": 1e9, "seconds": {"head": 3.0, "other": 20.0}}
+    ex = c.extrapolate_70b(m, s8, 16_384, 139.8)
+    flops = 3240 * 16_384 * c.layer_flops_per_token(c.SHAPE_70B, 256)
+    assert ex["compute_s"] == pytest.approx(flops / 400e12, rel=1e-3)
+    assert ex["read_s"] == pytest.approx(141.1 / 2.0, abs=0.1) and ex["head_s"] == pytest.approx(3.0 * 81 / 33 * 2, abs=0.1)
+    assert ex["resume_state_bytes_written"] == pytest.approx(1e9 * (81 * 82) / (33 * 34) * 2)
+    assert ex["fits_one_weight_pass"] and ex["total_with_resume_state_s"] > ex["total_without_resume_state_s"]
+    assert c.extrapolate_70b({**m, "finished": False}, s8, 16_384, None) is None
 
 
 def test_c_takes_streamed_args_that_start_with_a_dash():
