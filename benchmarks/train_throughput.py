@@ -121,6 +121,7 @@ class Variant:
     ce_rows: int | None = None  # rows per chunk (None: linear_cross_entropy's default)
     foreach: bool = False  # a foreach Adam(W) instead of the fused one
     micro: int | None = None  # sequences per forward (None: --micro-batch-size)
+    d_ff: int | None = None  # the MLP's width padded to this (its extra units start at zero and stay there)
 
     @property
     def dtype(self) -> str:
@@ -132,7 +133,7 @@ class Variant:
         return "reduce-overhead" if self.cudagraphs else "max-autotune-no-cudagraphs" if self.autotune else None
 
 
-FLAGS = ("bf16", "compile", "cudagraphs", "autotune", "sync", "foreach", "chunkce[N]", "mbN")
+FLAGS = ("bf16", "compile", "cudagraphs", "autotune", "sync", "foreach", "chunkce[N]", "mbN", "dffN")
 
 
 def parse_variant(spec: str) -> Variant:
@@ -140,7 +141,8 @@ def parse_variant(spec: str) -> Variant:
     simple = {f for f in flags if f in ("bf16", "compile", "cudagraphs", "autotune", "sync", "foreach", "chunkce")}
     micro = [int(f[2:]) for f in flags if re.fullmatch(r"mb[1-9][0-9]*", f)]
     rows = [int(f[7:]) for f in flags if re.fullmatch(r"chunkce[1-9][0-9]*", f)]
-    unknown = [f for f in flags if f not in simple and not re.fullmatch(r"(mb|chunkce)[1-9][0-9]*", f)]
+    d_ff = [int(f[3:]) for f in flags if re.fullmatch(r"dff[1-9][0-9]*", f)]
+    unknown = [f for f in flags if f not in simple and not re.fullmatch(r"(mb|chunkce|dff)[1-9][0-9]*", f)]
     if unknown or not model:
         raise ValueError(f"variant {spec!r}: MODEL[+FLAG]..., FLAG one of {', '.join(FLAGS)}; unknown part(s) {unknown}")
     if model == "official" and set(flags) - {f"mb{m}" for m in micro}:
@@ -156,7 +158,7 @@ def parse_variant(spec: str) -> Variant:
     graphs = "cudagraphs" in simple
     return Variant(spec.strip(), model, "bf16" in simple, bool(simple & {"compile", "cudagraphs", "autotune"}),
                    "sync" in simple, graphs, "autotune" in simple, "chunkce" in simple or bool(rows),
-                   rows[0] if rows else None, "foreach" in simple, micro[0] if micro else None)
+                   rows[0] if rows else None, "foreach" in simple, micro[0] if micro else None, d_ff[0] if d_ff else None)
 
 
 class FixedBatch:
@@ -250,6 +252,14 @@ def matmul_params(model: torch.nn.Module, cfg: depthlab.ModelConfig) -> int:
     return total if cfg.tie_embeddings else total - cfg.vocab_size * cfg.d_model
 
 
+def useful_matmul_params(cfg: depthlab.ModelConfig) -> int:
+    """Matmul parameters of the model ``cfg`` describes (counted on the meta device): the useful work of a variant
+    whose MLP is padded (``+dffN``) is the unpadded model's."""
+    from depthlab.models.decoder import num_params
+
+    return num_params(cfg) - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model)
+
+
 def flops_per_token(n_matmul: int, cfg: depthlab.ModelConfig, seq_len: int) -> float:
     """PaLM's training FLOPs per token: 6N + 12 * L * H * head_dim * T."""
     return 6.0 * n_matmul + 12.0 * cfg.n_layers * cfg.n_heads * cfg.dim_head * seq_len
@@ -320,8 +330,26 @@ def build_all(variants: list[Variant], cfg, data: FixedBatch, device: torch.devi
     out = {}
     for v in variants:
         make = hf_step if v.model in HF_KINDS else trainer_step
-        out[v.name] = make(v, cfg, data, device, seed, v.micro or micro)
+        if v.d_ff is not None and v.d_ff < cfg.d_ff:
+            raise ValueError(f"variant {v.name}: +dff{v.d_ff} pads the MLP, so it must be at least d_ff {cfg.d_ff}")
+        vcfg = cfg.replace(d_ff=v.d_ff) if v.d_ff else cfg
+        out[v.name] = make(v, vcfg, data, device, seed, v.micro or micro)
+        if v.d_ff:
+            pad_mlp(out[v.name][0], cfg.d_ff)
     return out
+
+
+def pad_mlp(model: torch.nn.Module, d_ff: int) -> None:
+    """Zero the MLP units past ``d_ff`` of a model built wider (``+dffN``): the gate and up rows and the down columns of
+    the extra units. A zero unit computes silu(0) * 0 = 0 and gets zero gradients, so Adam never moves it: the model
+    trains exactly as the unpadded one, its matmuls on tensor-core-aligned shapes."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            leaf = name.rsplit(".", 2)[-2] if name.count(".") else name
+            if p.dim() == 2 and leaf in ("gate_proj", "up_proj", "fc1"):
+                p[d_ff:].zero_()
+            elif p.dim() == 2 and leaf in ("down_proj", "fc2"):
+                p[:, d_ff:].zero_()
 
 
 def left(args: argparse.Namespace) -> float:
@@ -435,7 +463,7 @@ def summarize(variants: list[Variant], built: dict, raw: dict, peak: dict, first
             continue
         tps = [tokens_per_round / t for t in raw[v.name]]
         med = statistics.median(tps)
-        n_mm = matmul_params(built[v.name][0], cfg)
+        n_mm = matmul_params(built[v.name][0], cfg) if not v.d_ff else useful_matmul_params(cfg)
         tflops = med * flops_per_token(n_mm, cfg, args.seq_len) / 1e12
         step_s = args.batch_size * args.seq_len / med
         results[v.name] = {
@@ -541,9 +569,18 @@ def measure(args: argparse.Namespace) -> dict:
     peaks = {dt: peak_tflops(env["device"], dt) if device.type == "cuda" else None for dt in rates}
     print(f"device {env['device']} | torch {torch.__version__} | threads {env['threads']} | matmul "
           + ", ".join(f"{k} {v:.3f} TFLOP/s" for k, v in rates.items()), flush=True)
-    built = build_all(args.parsed, cfg, data, device, args.seed, args.micro_batch_size)
     load_before = list(os.getloadavg())
-    first = warm_up(built, args, device)
+    if args.repeats == 0:  # the warm-up only (the runbook's cold compiles): one variant alive at a time
+        built, first = {}, {}
+        for v in args.parsed:
+            one = build_all([v], cfg, data, device, args.seed, args.micro_batch_size)
+            first.update(warm_up(one, args, device))
+            del one
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    else:
+        built = build_all(args.parsed, cfg, data, device, args.seed, args.micro_batch_size)
+        first = warm_up(built, args, device)
     built_warm = {k: v for k, v in built.items() if k in first}
     raw, peak, fp32_rates = timed_rounds(built_warm, args, device, lambda: matmul_tflops(device, torch.float32, n, 3))
     profiles = profile_variants(built_warm, args, device)

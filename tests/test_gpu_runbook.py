@@ -70,7 +70,7 @@ def test_a_dry_run_collects_gpu_tests_measures_every_lever_and_profiles(tmp_path
         prof = lev["profile"][name]
         assert sum(prof["shares"].values()) == pytest.approx(1.0) and {"matmul", "cross_entropy"} <= set(prof["shares"])
         assert 0 <= prof["launch_gap_share"] < 1 and prof["top"][0]["ms_per_step"] > 0
-    assert set(res["levers"]["1b"]["variants"]) == {"pre", "pre+mb1"} and "pre" in res["levers"]["1b"]["profile"]
+    assert set(res["levers"]["1b"]["variants"]) == {"pre", "pre+dff72"} and "pre" in res["levers"]["1b"]["profile"]
     assert record["seconds"] < 250  # the hard deadline held
 
 
@@ -168,12 +168,15 @@ def test_c_dry_run_streams_diagnose_and_prune_times_each_layer_and_runs_nccls_ch
     diag, prune = res["diagnose_stream"], res["prune_stream"]
     L = res["streamed_shape"]["n_layers"]
     assert diag["finished"] and diag["rc"] == 0 and diag["layers_timed"] == L  # one weight pass, every layer timed
-    assert diag["engine"]["weight_passes"] == 1 and diag["engine"]["block_evals"] == L * (L + 1) // 2
+    eng, lanes = diag["engine"], L * (L + 1) // 2  # the intact lane and one per removed block, each through L - l + 1
+    assert eng["weight_passes"] == 1 and eng["block_evals"] % lanes == 0 and eng["block_evals"] >= lanes  # per batch
+    assert eng["token_evals"] % lanes == 0 and eng["token_evals"] >= lanes * res["streamed_tokens"]
     assert all(diag["seconds"][k] > 0 for k in ("read", "compute", "save", "head")) and diag["saved_bytes"] > 0
     assert diag["compute_tflops"] > 0 and diag["read_gb_per_s"] > 0 and diag["peak_host_rss_gib"] > 0
     assert prune["finished"] and prune["engine"]["weight_passes"] >= 2 and len(prune["passes"]) >= 2
     ex = res["extrapolation_70b"]
-    assert ex["block_token_evals"] == 80 * 81 // 2 * res["streamed_tokens"] and ex["total_with_resume_state_s"] > 0
+    assert ex["tokens_per_lane"] == eng["token_evals"] // lanes  # the 70B sweeps what the 8B swept, per lane
+    assert ex["block_token_evals"] == 80 * 81 // 2 * ex["tokens_per_lane"] and ex["total_with_resume_state_s"] > 0
     assert len(ex["assumptions"]) >= 4
     nccl = res["nccl"]
     assert nccl["passed"] and nccl["backend"] == "gloo" and set(nccl["runs"]) == {
@@ -257,3 +260,34 @@ def test_the_corpus_travels_in_two_calls_and_is_put_back_together(tmp_path):
     assert (tmp_path / "c2" / "train-00001.bin").read_bytes() == bytes(range(8))
     (stash / "train-00001.bin").write_bytes(b"\0" * 8)
     assert assemble_corpus(gpu / "b" / "corpus", stash, tmp_path / "c2")["missing"] == ["train-00001.bin"]
+
+
+def test_a_padded_mlp_trains_exactly_as_the_unpadded_one():
+    """+dffN (llama-1b's d_ff 5461 is no multiple of 8: tensor cores want aligned shapes): the extra units are zero,
+    compute zero and get zero gradients, so a step leaves them zero and the loss equals the unpadded model's."""
+    import torch
+
+    from depthlab import build_model, from_preset
+
+    tt = bench("train_throughput")
+    cfg = from_preset("tiny", n_layers=2, d_model=16, n_heads=2, d_ff=21, vocab_size=50)
+    small, wide = build_model(cfg), build_model(cfg.replace(d_ff=32))
+    with torch.no_grad():
+        for a, b in zip(small.parameters(), wide.parameters()):
+            b.zero_()
+            b[tuple(slice(0, n) for n in a.shape)].copy_(a)
+    tt.pad_mlp(wide, 21)
+    ids = torch.randint(50, (2, 9))
+    losses = []
+    for model in (small, wide):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+        for _ in range(2):
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            losses.append(float(model(ids, labels=ids).loss))
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    mlp = wide.blocks[0].ffn
+    assert not mlp.gate_proj.weight[21:].any() and not mlp.up_proj.weight[21:].any() and not mlp.down_proj.weight[:, 21:].any()

@@ -155,18 +155,22 @@ def extrapolate_70b(m: dict | None, s: dict, tokens: int, device_memory_gib: flo
     if not m or not m.get("finished") or not m.get("compute_tflops"):
         return None
     L8, L70, D8, D70 = s["n_layers"], SHAPE_70B["n_layers"], s["d_model"], SHAPE_70B["d_model"]
-    evals70 = L70 * (L70 + 1) // 2 * tokens
+    # the tokens every lane runs: --tokens of held-out text plus what the other measures sweep (the built-in
+    # multiple-choice items), as the 8B's engine counted them
+    evals8 = (m.get("engine") or {}).get("token_evals") or L8 * (L8 + 1) // 2 * tokens
+    swept = evals8 // (L8 * (L8 + 1) // 2)
+    evals70 = L70 * (L70 + 1) // 2 * swept
     compute = evals70 * layer_flops_per_token(SHAPE_70B, SEQ_LEN) / (m["compute_tflops"] * 1e12)
     head = m["seconds"]["head"] * (L70 + 1) / (L8 + 1) * D70 / D8
     read = 2 * PARAMS_70B / 1e9 / m["read_gb_per_s"] if m.get("read_gb_per_s") else None
     saved70 = m["saved_bytes"] * ((L70 + 1) * (L70 + 2)) / ((L8 + 1) * (L8 + 2)) * D70 / D8
     save = saved70 / 1e9 / m["save_gb_per_s"] if m.get("save_gb_per_s") else None
-    lanes_gib = 2 * (L70 + 1) * tokens * D70 * 2 / 2**30  # the lanes and the base's kept states, bf16
+    lanes_gib = 2 * (L70 + 1) * swept * D70 * 2 / 2**30  # the lanes and the base's kept states, bf16
     parts = {"compute_s": compute, "head_s": head, "read_s": read, "save_resume_state_s": save,
              "other_s": m["seconds"]["other"]}
     known = [v for k, v in parts.items() if v is not None and k != "save_resume_state_s"]
     return {
-        "shape": SHAPE_70B, "tokens": tokens, "seq_len": SEQ_LEN, "block_token_evals": evals70,
+        "shape": SHAPE_70B, "tokens": tokens, "tokens_per_lane": swept, "seq_len": SEQ_LEN, "block_token_evals": evals70,
         **{k: round(v, 1) if v is not None else None for k, v in parts.items()},
         "total_without_resume_state_s": round(sum(known), 1),
         "total_with_resume_state_s": round(sum(known) + save, 1) if save is not None else None,
