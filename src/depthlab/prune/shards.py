@@ -137,7 +137,7 @@ def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | No
     from depthlab.hf.lns import CONFIG_KEY, layernorm_scaling_marker
 
     config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
-    family_of(config.model_type, "prune")
+    family_of(config, "prune")
     n = config.num_hidden_layers
     gone = set(removed)
     if sorted(b for b in gone if not 1 <= b <= n) or len(gone) >= n:
@@ -162,7 +162,7 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
     from depthlab.models.schemes import lns_scale
 
     config, keep, lns = pruned_config(src, removed, provenance)
-    fam = family_of(config.model_type, "prune")
+    fam = family_of(config, "prune")
     pattern = layer_key(fam)
     renumber = {old: new for new, old in enumerate(keep)}
     files = safetensors_files(src)

@@ -77,7 +77,7 @@ def locate(name: str) -> Located | str:
         return f"its config.json is unreadable ({first_line(err)[:100]})"
     model_type = config.get("model_type") if isinstance(config, dict) else None
     try:
-        family_of(model_type, "stream")
+        family_of(config if model_type is not None else None, "stream")  # a row, or the layout inferred
         check_config(config, "stream")  # what this config of the family cannot do (Gemma 4's KV sharing)
     except DepthlabError as err:
         return first_line(err)
