@@ -258,6 +258,18 @@ def family_of_model(model: Any, capability: str | None = None) -> Family:
     return fam
 
 
+def layout_line(model: Any) -> str | None:
+    """What the report says of where an HF causal LM's layout came from: "family table", its inferred entry's name
+    ("olmo (layout inferred)"), or None (not a decoder depthlab reads: no HF config, no generate, or refused)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in FAMILIES:
+        return "family table"
+    if model_type is None or not hasattr(model, "generate"):
+        return None
+    fam = _inferred(model_type, inferred.layout(model))
+    return fam.name if fam.why_not("diagnose") is None else None
+
+
 def conversion_of(model_type: str | None) -> Conversion:
     """How :func:`depthlab.hf.from_hf` reads ``model_type``; a one-line DepthlabError naming the convertible
     families when it does not."""

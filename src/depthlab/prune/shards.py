@@ -26,7 +26,14 @@ import torch
 
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish
-from depthlab.hf.families import Family, check_config, cut_config, family_of, layer_slice_index
+from depthlab.hf.families import (
+    INFERRED,
+    Family,
+    check_config,
+    cut_config,
+    family_of,
+    layer_slice_index,
+)
 from depthlab.targets.engine import gib
 from depthlab.targets.stream.safetensors import INDEX_FILE, read_header, safetensors_files
 
@@ -137,7 +144,7 @@ def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | No
     from depthlab.hf.lns import CONFIG_KEY, layernorm_scaling_marker
 
     config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
-    family_of(config, "prune")
+    fam = family_of(config, "prune")
     n = config.num_hidden_layers
     gone = set(removed)
     if sorted(b for b in gone if not 1 <= b <= n) or len(gone) >= n:
@@ -148,6 +155,8 @@ def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | No
     if lns:
         delattr(config, CONFIG_KEY)
     cut_config(config, keep, n)
+    if fam.inferred:  # the export's record says so
+        provenance = {**(provenance or {}), "layout": INFERRED}
     if provenance is not None:
         config.depthlab = {**(getattr(config, "depthlab", None) or {}), **provenance}
     return config, keep, lns

@@ -126,6 +126,10 @@ def open_streamed(name: str, device: str | torch.device = "cpu", dtype: torch.dt
     from depthlab.data.tokenizers import model_tokenizer
 
     source = HFLayerSource(found.path, store, device, dtype, compute_dtype)
+    if source.family.inferred:  # checked on a small model of the same family and flags, before any weight is read
+        from depthlab.targets.stream.agree import require_agreement
+
+        require_agreement(found.config, source.family.model_type)
     check_source(source, str(found.path))  # the whole checkpoint, before the first layer
     cfg = source.skeleton.config
     info = {"source": str(found.path), "architecture": type(source.skeleton).__name__, "model_type": cfg.model_type,
@@ -133,6 +137,7 @@ def open_streamed(name: str, device: str | torch.device = "cpu", dtype: torch.dt
             "n_kv_heads": getattr(cfg, "num_key_value_heads", None), "d_ff": getattr(cfg, "intermediate_size", None),
             "vocab_size": cfg.vocab_size, "n_params": sum(i.numel for i in store.index.values()),
             "layernorm_scaling": getattr(cfg, "layernorm_scaling", None), "depthlab_export": getattr(cfg, "depthlab", None),
+            "layout": source.family.name if source.family.inferred else "family table",
             "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
     return StreamTarget(source, name, "hf-causal-lm", model_tokenizer(found.path), info,
                         getattr(cfg, "max_position_embeddings", None), device, found.path)
