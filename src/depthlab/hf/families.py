@@ -325,6 +325,11 @@ def split_path(obj: Any, path: str) -> tuple[Any, str]:
     return (get_path(obj, owner) if owner else obj), attr
 
 
+def _settable(config: Any, name: str) -> bool:
+    prop = getattr(type(config), name, None)
+    return not isinstance(prop, property) or prop.fset is not None
+
+
 def cut_config(config: Any, keep: Sequence[int], n_layers: int) -> None:
     """``config`` rewritten in place for the model that keeps the 0-based layers ``keep`` of ``n_layers``: index
     rules first, then per-layer lists sliced, index lists renumbered, ``num_hidden_layers`` set. A model type the
@@ -335,8 +340,8 @@ def cut_config(config: Any, keep: Sequence[int], n_layers: int) -> None:
         INDEX_RULES[name](config, keep, n_layers)
     for name in dict.fromkeys((*LAYER_LISTS, *fam.layer_lists)):
         values = getattr(config, name, None)
-        if isinstance(values, (list, tuple)) and len(values) == n_layers:
-            setattr(config, name, [values[i] for i in keep])
+        if isinstance(values, (list, tuple)) and len(values) == n_layers and _settable(config, name):
+            setattr(config, name, [values[i] for i in keep])  # a read-only property follows the fields it reads
     renumber = {old: new for new, old in enumerate(keep)}
     for name in fam.index_lists:
         values = getattr(config, name, None)

@@ -196,8 +196,10 @@ def layout_of_config(config: Any) -> dict[str, Any]:
     meta device once per distinct config."""
     try:
         values = as_config(config).to_dict()
-    except ValueError as err:
-        return {"refused": dict.fromkeys(ALL, str(err))}
+    except Exception as err:  # noqa: BLE001 - transformers' config validation raises many kinds
+        from depthlab.base.errors import first_line
+
+        return {"refused": dict.fromkeys(ALL, f"transformers refuses its config: {first_line(err)[:160]}")}
     return _layout_of_json(config_key(values))
 
 
@@ -384,6 +386,6 @@ def probe_pre_norms(config: Any) -> tuple[tuple[str, ...], float] | str:
     per distinct config on a tiny random model of the same family and flags; or the one-line reason there are none."""
     try:
         values = as_config(config).to_dict()
-    except ValueError as err:
-        return str(err)
+    except Exception as err:  # noqa: BLE001 - transformers' config validation raises many kinds
+        return f"transformers refuses its config: {err}"
     return _probe_json(config_key(values))

@@ -179,6 +179,12 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
     for file in files:
         names = {k: r for k in read_header(file) if (r := _renamed(k, renumber, pattern)) is not None}
         plans.append((file, names))
+    stored = {int(m.group(2)) for file in files for k in read_header(file) if (m := pattern.match(k))}
+    n = len(keep) + len(set(removed))
+    if not set(range(n)) <= stored:
+        raise DepthlabError(f"cannot cut {src} shard by shard: its checkpoint keeps its blocks under other keys than "
+                            f"{fam.layers}.N (found {len(stored & set(range(n)))} of {n}; transformers renames them "
+                            "on load); prune it in memory (--no-stream)")
     need = sum(h["data_offsets"][1] - h["data_offsets"][0] for file, names in plans
                for k, h in read_header(file).items() if k in names)
     out.mkdir(parents=True, exist_ok=True)

@@ -133,7 +133,7 @@ def open_streamed(name: str, device: str | torch.device = "cpu", dtype: torch.dt
     check_source(source, str(found.path))  # the whole checkpoint, before the first layer
     cfg = source.skeleton.config
     info = {"source": str(found.path), "architecture": type(source.skeleton).__name__, "model_type": cfg.model_type,
-            "n_layers": source.n_layers, "d_model": cfg.hidden_size, "n_heads": cfg.num_attention_heads,
+            "n_layers": source.n_layers, "d_model": cfg.hidden_size, "n_heads": getattr(cfg, "num_attention_heads", None),
             "n_kv_heads": getattr(cfg, "num_key_value_heads", None), "d_ff": getattr(cfg, "intermediate_size", None),
             "vocab_size": cfg.vocab_size, "n_params": sum(i.numel for i in store.index.values()),
             "layernorm_scaling": getattr(cfg, "layernorm_scaling", None), "depthlab_export": getattr(cfg, "depthlab", None),
