@@ -258,6 +258,31 @@ def family_of_model(model: Any, capability: str | None = None) -> Family:
     return fam
 
 
+def refusal_before_load(target: Any, capability: str) -> str | None:
+    """Why ``capability`` is refused for the HF checkpoint directory ``target``, from its config.json alone (and the
+    class transformers builds for it on the meta device): one line, before any weight is read; None when it is not
+    refused, or when ``target`` is not an HF directory (a depthlab run, a name, a model already opened)."""
+    import json
+    from pathlib import Path
+
+    if not isinstance(target, (str, Path)):
+        return None
+    path = Path(target).expanduser()
+    if not (path / "config.json").is_file() or (path / "checkpoint").is_dir() or (path / "trainer_state.json").is_file():
+        return None
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the loader names what is wrong with it
+    if not isinstance(config, dict) or "model_type" not in config:
+        return None
+    try:
+        family_of(config, capability)
+    except DepthlabError as err:
+        return str(err).splitlines()[0]
+    return None
+
+
 def layout_line(model: Any) -> str | None:
     """What the report says of where an HF causal LM's layout came from: "family table", its inferred entry's name
     ("olmo (layout inferred)"), or None (not a decoder depthlab reads: no HF config, no generate, or refused)."""

@@ -164,6 +164,9 @@ def layout(model: Any) -> dict[str, Any]:
     if isinstance(found, str):
         return {"refused": dict.fromkeys(ALL, found)}
     path, blocks = found
+    if config_field(config, "is_decoder", None) is False and "encoder" in path.split("."):
+        why = f"an encoder (its blocks are {path}, is_decoder is false), not a causal LM"
+        return {"refused": dict.fromkeys(ALL, why)}
     owner_path, _, attr = path.rpartition(".")
     owner = model.get_submodule(owner_path) if owner_path else model
     base, below = _split_base(model, path)

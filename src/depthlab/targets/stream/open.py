@@ -77,8 +77,12 @@ def locate(name: str) -> Located | str:
         return f"its config.json is unreadable ({first_line(err)[:100]})"
     model_type = config.get("model_type") if isinstance(config, dict) else None
     try:
-        family_of(config if model_type is not None else None, "stream")  # a row, or the layout inferred
+        fam = family_of(config if model_type is not None else None, "stream")  # a row, or the layout inferred
         check_config(config, "stream")  # what this config of the family cannot do (Gemma 4's KV sharing)
+        if fam.inferred:  # checked on a small model of the same family and flags, before any weight is read
+            from depthlab.targets.stream.agree import require_agreement
+
+            require_agreement(config, model_type)
     except DepthlabError as err:
         return first_line(err)
     files = safetensors_files(path)
@@ -126,10 +130,6 @@ def open_streamed(name: str, device: str | torch.device = "cpu", dtype: torch.dt
     from depthlab.data.tokenizers import model_tokenizer
 
     source = HFLayerSource(found.path, store, device, dtype, compute_dtype)
-    if source.family.inferred:  # checked on a small model of the same family and flags, before any weight is read
-        from depthlab.targets.stream.agree import require_agreement
-
-        require_agreement(found.config, source.family.model_type)
     check_source(source, str(found.path))  # the whole checkpoint, before the first layer
     cfg = source.skeleton.config
     info = {"source": str(found.path), "architecture": type(source.skeleton).__name__, "model_type": cfg.model_type,
