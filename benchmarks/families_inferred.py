@@ -47,12 +47,13 @@ IDS = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(1))
 
 
 def candidates() -> list[str]:
-    """transformers' causal-LM model types that are not rows of the table, sorted."""
+    """transformers' causal-LM model types whose config is not a row of the table (GPT-SW3's is GPT-2's), sorted."""
+    from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from depthlab.hf.families import FAMILIES
 
-    return sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if t not in FAMILIES)
+    return sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if CONFIG_MAPPING[t].model_type not in FAMILIES)
 
 
 def skipping(model: torch.nn.Module, layers_path: str, block: int) -> torch.Tensor:
