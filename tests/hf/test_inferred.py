@@ -174,3 +174,63 @@ def test_refusals_come_from_config_json_before_any_weight_is_read(model_type, ov
     with pytest.raises(DepthlabError, match=f"cannot stream.*{why}"):
         diagnose(str(path), DiagnoseOptions(**OPTS, stream=True))
     assert family_of(json.loads((path / "config.json").read_text()), None).inferred
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2", "gemma2", "qwen3_next", "olmo2", "gemma4_text"])
+def test_the_pre_norms_probed_on_a_table_family_are_its_rows_or_refused(model_type):
+    """The probe (on a small model of the family) against the hand-written rows: Llama's two pre-norms, GPT-2's ln_1 /
+    ln_2, Gemma 2's sandwich (the post-norms sit on the branch outputs) with (1 + weight), Qwen3-Next's hybrid blocks,
+    OLMo 2 without pre-norms; Gemma 4 (its per-layer input added to the stream inside the block) refused rather than
+    guessed."""
+    row = FAMILIES[model_type]
+    got = inferred.probe_pre_norms(tiny_config(model_type))
+    if model_type == "gemma4_text" or row.why_not("lns"):
+        assert isinstance(got, str) and "\n" not in got
+    else:
+        assert got == (row.pre_norms, row.norm_offset)
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, norm: torch.nn.Module, scale: float) -> None:
+        super().__init__()
+        self.norm, self.scale = norm, scale
+
+    def forward(self, x):
+        return self.norm(x) * self.scale
+
+
+@pytest.mark.parametrize(("model_type", "pre_norms"), [("stablelm", ("input_layernorm", "post_attention_layernorm")),
+                                                       ("cohere", ("input_layernorm",))])
+def test_lns_on_an_inferred_layout_equals_a_naive_scaling_and_folds(model_type, pre_norms):
+    """StableLM's two pre-norms; Cohere's parallel block reads one norm for both branches."""
+    import copy
+    import math
+
+    from depthlab.hf import apply_layernorm_scaling, fold_layernorm_scaling
+
+    model = tiny_model(model_type).float()
+    fam = family_of_model(model, "lns")
+    assert fam.inferred and fam.pre_norms == pre_norms and fam.norm_offset == 0.0
+    naive = copy.deepcopy(model)
+    for l, block in enumerate(get_path(naive, fam.layers), start=1):
+        for name in pre_norms:
+            setattr(block, name, _Scaled(getattr(block, name), 1 / math.sqrt(l)))
+    hooked = apply_layernorm_scaling(copy.deepcopy(model))
+    with torch.no_grad():
+        want = naive(input_ids=IDS, use_cache=False).logits
+        got = hooked(input_ids=IDS, use_cache=False).logits
+        folded = fold_layernorm_scaling(hooked)(input_ids=IDS, use_cache=False).logits
+        plain = model(input_ids=IDS, use_cache=False).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(folded, want, atol=2e-5, rtol=1e-4)
+    assert (plain - want).abs().max() > 1e-3
+
+
+def test_the_monitor_finds_an_inferred_layouts_blocks():
+    from depthlab.analysis.monitor import DepthMonitor
+    from depthlab.targets import find_layers
+
+    model = tiny_model("opt")  # its blocks at model.decoder.layers, its final norm registered before them
+    assert find_layers(model) is get_path(model, family_of_model(model).layers) is model.model.decoder.layers
+    series = DepthMonitor(model, IDS, every=1, removal=False).probe()
+    assert len(series["layer_angular"]) == model.config.num_hidden_layers
