@@ -389,6 +389,20 @@ def layer_slice_index(fam: Family, key: str, config: Any, keep: Sequence[int]) -
     return int(dim), [i * width + k for i in keep for k in range(width)]
 
 
+#: What the table's last row (a decoder outside the table, its layout inferred) says of each capability.
+GENERIC_NOTES: dict[str, str] = {
+    "diagnose": ("outside the table: one ModuleList of num_hidden_layers blocks under the base model, a final norm "
+                 "beside it, per-layer config lists cut with the blocks, all read from the model transformers builds "
+                 "(meta device); encoders, encoder-decoders, wrappers of several towers and models with no such list "
+                 "are refused from config.json before any weight is read (docs/families.md)"),
+    "stream": ("only once the layer-by-layer forward of a small model of the same family and flags equals that "
+               "model's own forward; refused in one line otherwise"),
+    "prune": ("the export is checked against the original with the blocks skipped (logits, cached generate) and "
+              "refused, nothing written, when they differ"),
+    "lns": "where its pre-norms are found by probing a small model of the family (weight * x or (1 + weight) * x)",
+}
+
+
 def family_table() -> str:
     """The README's "Supported models" table (markdown), from the registry: one row per family, each refusal
     a numbered note below the table."""
@@ -405,4 +419,11 @@ def family_table() -> str:
             marks = " ".join(f"[{notes.index(note) + 1}]" for note in limits)
             cells.append(f"no [{notes.index(why) + 1}]" if why is not None else f"yes {marks}".strip())
         rows.append(f"| {fam.name} | `{fam.model_type}` | {fam.kind} | " + " | ".join(cells) + " |")
+    cells = []
+    for cap in CAPABILITIES:
+        note = GENERIC_NOTES.get(cap)
+        if note is not None and note not in notes:
+            notes.append(note)
+        cells.append(f"yes [{notes.index(note) + 1}]" if note is not None else "yes")
+    rows.append(f"| any other decoder: {INFERRED} | any | any | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n\n" + "\n".join(f"[{i}] {why}." for i, why in enumerate(notes, start=1))
