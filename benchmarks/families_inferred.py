@@ -17,7 +17,10 @@ model type: its config (``AutoConfig.for_model``) made tiny from its own field n
 - **refused** too: an export whose logits or cached generate do not match (prune's own check,
   :func:`depthlab.prune.export.require_exact`, compares the same logits and writes nothing);
 - **fail**: anything else (the step and the first line of the error); **no fixture**: no tiny model could be built
-  from the config (transformers refuses the default config, or the shrunk one).
+  from the shrunk config; **not built**: transformers cannot build a model of its own default config (not counted).
+
+The decoder share: passes over the families built less those refused as not decoder-only (an encoder, an
+encoder-decoder, a wrapper of several towers: ``NOT_DECODER``).
 
 Writes ``families_inferred_cpu.json`` (bench_out.result_path: ``--out``): counts, every family's outcome, the
 machine, versions and the command. A shared 2-core machine: the seconds are noisy and only say what a family cost.
@@ -26,6 +29,7 @@ machine, versions and the command. A shared 2-core machine: the seconds are nois
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import signal
 import sys
@@ -43,6 +47,8 @@ from families_stream import machine, max_diff  # noqa: E402 - a sibling module
 
 OPTS = dict(tokens=64, seq_len=16, batch_size=2, jacobian=False, joint_check=False, progress=False)
 TOL = 1e-4
+#: Refusal lines that say the model is not a decoder-only LM (an encoder, an encoder-decoder, a multi-tower wrapper).
+NOT_DECODER = r"an encoder|a wrapper of several towers"
 IDS = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(1))
 
 
@@ -94,11 +100,18 @@ def one(model_type: str, tmp: Path) -> dict:
     from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
     from depthlab.base.errors import DepthlabError, first_line
     from depthlab.hf.families import family_of, family_of_model
+    from depthlab.hf.inferred import meta_model, wrapper_reason
     from depthlab.hf.tiny import save_tiny, tiny_model
     from depthlab.prune.export import drop_layers, write_hf
     from depthlab.prune.shards import write_pruned_shards
     from depthlab.targets import load_target
 
+    try:
+        default = AutoConfig.for_model(model_type)
+        if wrapper_reason(default) is None:
+            meta_model(default)
+    except Exception as err:  # noqa: BLE001 - transformers cannot build its own default: not counted
+        return {"outcome": "not built", "step": "default config", "line": f"{type(err).__name__}: {first_line(err)[:200]}"}
     step = "refusal"
     try:
         for capability in ("stream", "prune"):  # on the family's default config, as a user's config.json would be
@@ -159,12 +172,17 @@ def main() -> None:
             signal.alarm(0)
         results[model_type]["seconds"] = round(time.time() - t0, 1)
         print(model_type, results[model_type], flush=True)
-    counts = {k: sum(r["outcome"] == k for r in results.values()) for k in ("pass", "refused", "fail", "no fixture")}
+    counts = {k: sum(r["outcome"] == k for r in results.values())
+              for k in ("pass", "refused", "fail", "no fixture", "not built")}
+    not_decoders = sorted(t for t, r in results.items() if r["outcome"] == "refused" and re.search(NOT_DECODER, r["line"]))
     built = counts["pass"] + counts["refused"] + counts["fail"]
+    decoders = built - len(not_decoders)
     record = {"command": "python " + shlex.join(["benchmarks/families_inferred.py", *sys.argv[1:]]), **machine(),
               "note": "shared 2-core machine (other agents ran tests): seconds are noisy",
               "candidates": len(results), "counts": counts, "built": built,
               "pass_share_of_built": round(counts["pass"] / built, 3) if built else None,
+              "not_decoders": not_decoders, "decoders_built": decoders,
+              "pass_share_of_decoders": round(counts["pass"] / decoders, 3) if decoders else None,
               "passed": sorted(t for t, r in results.items() if r["outcome"] == "pass"), "families": results}
     path = result_path("families_inferred_cpu.json", args.out)
     import json
