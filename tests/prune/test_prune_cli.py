@@ -142,17 +142,19 @@ def test_lora_healing_trains_adapters_merges_them_and_exports_a_plain_checkpoint
     assert all(k.endswith("proj.weight") for k in changed), sorted(changed)  # only where adapters were merged
 
 
-def test_architecture_without_a_known_layer_list_is_refused(tmp_path, capsys):
-    from transformers import OPTConfig, OPTForCausalLM  # a decoder family the registry does not hold
+def test_architecture_without_a_decoder_block_list_is_refused(tmp_path, capsys):
+    """A BERT encoder (a family the registry does not hold; its layout read from the model: blocks under ``encoder``,
+    is_decoder false) is refused in one line from its config.json, before its weights are read. Decoders outside
+    the table prune through their inferred layout (tests/hf/test_inferred.py)."""
+    from transformers import BertConfig, BertForMaskedLM
 
-    cfg = OPTConfig(vocab_size=300, hidden_size=32, ffn_dim=64, num_hidden_layers=3, num_attention_heads=2,
-                    word_embed_proj_dim=32, bos_token_id=256, eos_token_id=256, pad_token_id=1)
-    OPTForCausalLM(cfg).save_pretrained(tmp_path / "opt")
-    byte_tokenizer().save_pretrained(tmp_path / "opt")
+    cfg = BertConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2)
+    BertForMaskedLM(cfg).save_pretrained(tmp_path / "bert")
+    byte_tokenizer().save_pretrained(tmp_path / "bert")
     capsys.readouterr()  # transformers' save progress bar
     out = tmp_path / "out"
-    _exit_2(["prune", str(tmp_path / "opt"), "--remove", "1", "--out", str(out), *FAST], capsys,
-            "cannot prune model type 'opt'", "llama, mistral")
+    _exit_2(["prune", str(tmp_path / "bert"), "--remove", "1", "--out", str(out), *FAST], capsys,
+            "cannot prune bert", "an encoder")
     assert not out.exists()
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from depthlab.base.errors import DepthlabError, choices
+from depthlab.hf import inferred
 from depthlab.hf.family_rules import CONFIG_LIMITS, INDEX_RULES, LIMIT_NOTES, config_field, draw_hash_routes
 
 #: The capabilities a family entry may refuse (the README table's columns after "diagnose").
@@ -87,6 +88,7 @@ class Family:
     convert: Conversion | None = None  # how depthlab.hf.from_hf turns it into a DecoderLM; None: it does not
     tiny: dict[str, Any] = field(default_factory=dict)  # config overrides of its smallest test model (hf/tiny.py)
     tiny_fixup: Callable[[Any], None] | None = None  # what its random test model needs to behave like a trained one
+    inferred: bool = False  # read from the model itself (depthlab.hf.inferred), not a row of the table
 
     def why_not(self, capability: str) -> str | None:
         return self.refused.get(capability)
@@ -102,7 +104,8 @@ class Family:
 
     @property
     def final_norm(self) -> str:
-        return self.at_base(self.norm)
+        """The norm after the last block, from the causal LM ("" when the LM head reads the last block's output)."""
+        return self.at_base(self.norm) if self.norm else ""
 
     @property
     def collapse(self) -> str:
@@ -184,21 +187,55 @@ def supporting(capability: str) -> list[str]:
 LNS_MODEL_TYPES: tuple[str, ...] = tuple(supporting("lns"))
 
 
-def known_family(model_type: str | None) -> Family | None:
-    """The entry of ``model_type``, or None: the one lookup every function here goes through."""
-    return FAMILIES.get(model_type or "")
+def known_family(which: Any) -> Family | None:
+    """The entry of a model type (a string: the table's rows only, else None), or of a config (a transformers config
+    or config.json's dict): its row, else the entry inferred from the class transformers builds for it
+    (:func:`inferred_family`). The one lookup every function here goes through."""
+    if which is None or isinstance(which, str):
+        return FAMILIES.get(which or "")
+    return FAMILIES.get(config_field(which, "model_type") or "") or inferred_family(which)
 
 
-def family_of(model_type: str | None, capability: str | None = None) -> Family:
-    """The entry of ``model_type``; a one-line DepthlabError naming the families that can when it is unknown or
-    when its entry refuses ``capability`` (one of :data:`CAPABILITIES`)."""
+#: The line the report and the export record carry for an entry read from the model.
+INFERRED = "layout inferred"
+
+
+def _inferred(model_type: str, fields: dict[str, Any]) -> Family:
+    return Family(model_type, f"{model_type} ({INFERRED})", fields.get("kind", "dense"), pre_norms=(),
+                  inferred=True, **{k: v for k, v in fields.items() if k != "kind"})
+
+
+def inferred_family(config: Any) -> Family:
+    """The entry of a model type outside the table, read from the model transformers builds for ``config`` on the
+    meta device (:mod:`depthlab.hf.inferred`); a capability it cannot have is refused in the entry, saying why.
+    Its pre-norms are probed when LayerNorm Scaling asks for them (:func:`family_of` with "lns")."""
+    return _inferred(str(config_field(config, "model_type")), inferred.layout_of_config(config))
+
+
+def _with_pre_norms(fam: Family, config: Any) -> Family:
+    """An inferred entry completed with its pre-norms (probed on a tiny model of the family), or refusing LNS."""
+    import dataclasses
+
+    found = inferred.probe_pre_norms(config)
+    if isinstance(found, str):
+        return dataclasses.replace(fam, refused={**fam.refused, "lns": found})
+    return dataclasses.replace(fam, pre_norms=found[0], norm_offset=found[1])
+
+
+def family_of(which: Any, capability: str | None = None) -> Family:
+    """The entry of ``which`` (a model type, a config or config.json's dict: :func:`known_family`); a one-line
+    DepthlabError naming the families that can when it is unknown, or saying why when its entry refuses
+    ``capability`` (one of :data:`CAPABILITIES`)."""
     what = {"stream": "stream", "prune": "prune", "lns": "apply LayerNorm Scaling to", "diagnose": "diagnose",
             "monitor": "monitor", None: "read"}[capability]
-    fam = known_family(model_type)
+    fam = known_family(which)
+    model_type = which if which is None or isinstance(which, str) else config_field(which, "model_type")
     if fam is None:
         can = supporting(capability) if capability else list(FAMILIES)
         raise DepthlabError(f"depthlab cannot {what} model type {model_type!r}: not a family it knows; "
                             f"supported: {', '.join(can)}")
+    if fam.inferred and capability == "lns" and fam.why_not("lns") is None:
+        fam = _with_pre_norms(fam, which)
     why = fam.why_not(capability) if capability else None
     if why is not None:
         raise DepthlabError(f"depthlab cannot {what} {fam.name} (model type {model_type!r}): {why}")
@@ -206,8 +243,56 @@ def family_of(model_type: str | None, capability: str | None = None) -> Family:
 
 
 def family_of_model(model: Any, capability: str | None = None) -> Family:
-    """:func:`family_of` for an HF model (its ``config.model_type``)."""
-    return family_of(getattr(getattr(model, "config", None), "model_type", None), capability)
+    """:func:`family_of` for an HF model: its table row, else the entry read from the model itself."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type is None or model_type in FAMILIES:
+        return family_of(model_type, capability)
+    fam = _inferred(model_type, inferred.layout(model))
+    if capability == "lns" and fam.why_not("lns") is None:
+        fam = _with_pre_norms(fam, config)
+    why = fam.why_not(capability) if capability else None
+    if why is not None:
+        what = "apply LayerNorm Scaling to" if capability == "lns" else capability
+        raise DepthlabError(f"depthlab cannot {what} {fam.name} (model type {model_type!r}): {why}")
+    return fam
+
+
+def refusal_before_load(target: Any, capability: str) -> str | None:
+    """Why ``capability`` is refused for the HF checkpoint directory ``target``, from its config.json alone (and the
+    class transformers builds for it on the meta device): one line, before any weight is read; None when it is not
+    refused, or when ``target`` is not an HF directory (a depthlab run, a name, a model already opened)."""
+    import json
+    from pathlib import Path
+
+    if not isinstance(target, (str, Path)):
+        return None
+    path = Path(target).expanduser()
+    if not (path / "config.json").is_file() or (path / "checkpoint").is_dir() or (path / "trainer_state.json").is_file():
+        return None
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the loader names what is wrong with it
+    if not isinstance(config, dict) or "model_type" not in config:
+        return None
+    try:
+        family_of(config, capability)
+    except DepthlabError as err:
+        return str(err).splitlines()[0]
+    return None
+
+
+def layout_line(model: Any) -> str | None:
+    """What the report says of where an HF causal LM's layout came from: "family table", its inferred entry's name
+    ("olmo (layout inferred)"), or None (not a decoder depthlab reads: no HF config, no generate, or refused)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in FAMILIES:
+        return "family table"
+    if model_type is None or not hasattr(model, "generate"):
+        return None
+    fam = _inferred(model_type, inferred.layout(model))
+    return fam.name if fam.why_not("diagnose") is None else None
 
 
 def conversion_of(model_type: str | None) -> Conversion:
@@ -243,7 +328,7 @@ def config_limit(config: Any, capability: str, removed: Sequence[int] = ()) -> s
 def check_config(config: Any, capability: str, removed: Sequence[int] = ()) -> None:
     """A one-line DepthlabError when the family's :data:`CONFIG_LIMITS` refuse ``capability`` on this config (for
     ``prune``: removing the 1-based blocks ``removed``)."""
-    fam = family_of(config_field(config, "model_type"), capability)
+    fam = family_of(config, capability)  # a row, or the layout inferred from the config
     why = config_limit(config, capability, removed)
     if why is not None:
         what = "stream" if capability == "stream" else capability
@@ -265,18 +350,23 @@ def split_path(obj: Any, path: str) -> tuple[Any, str]:
     return (get_path(obj, owner) if owner else obj), attr
 
 
+def _settable(config: Any, name: str) -> bool:
+    prop = getattr(type(config), name, None)
+    return not isinstance(prop, property) or prop.fset is not None
+
+
 def cut_config(config: Any, keep: Sequence[int], n_layers: int) -> None:
     """``config`` rewritten in place for the model that keeps the 0-based layers ``keep`` of ``n_layers``: index
     rules first, then per-layer lists sliced, index lists renumbered, ``num_hidden_layers`` set. A model type the
-    registry does not know gets the rules every family shares (``max_window_layers``, :data:`LAYER_LISTS`)."""
-    fam = known_family(getattr(config, "model_type", "")) or Family("", "", index_rules=_QWEN_WINDOW)
+    registry does not know has its per-layer facts read from its config (:func:`depthlab.hf.inferred.layer_fields`)."""
+    fam = known_family(config)  # a row, or the entry read from the model transformers builds for this config
     maps = {name: dict(config.to_dict().get(name) or {}) for name in fam.layer_maps}
     for name in fam.index_rules:
         INDEX_RULES[name](config, keep, n_layers)
-    for name in (*LAYER_LISTS, *fam.layer_lists):
+    for name in dict.fromkeys((*LAYER_LISTS, *fam.layer_lists)):
         values = getattr(config, name, None)
-        if isinstance(values, (list, tuple)) and len(values) == n_layers:
-            setattr(config, name, [values[i] for i in keep])
+        if isinstance(values, (list, tuple)) and len(values) == n_layers and _settable(config, name):
+            setattr(config, name, [values[i] for i in keep])  # a read-only property follows the fields it reads
     renumber = {old: new for new, old in enumerate(keep)}
     for name in fam.index_lists:
         values = getattr(config, name, None)
@@ -299,6 +389,20 @@ def layer_slice_index(fam: Family, key: str, config: Any, keep: Sequence[int]) -
     return int(dim), [i * width + k for i in keep for k in range(width)]
 
 
+#: What the table's last row (a decoder outside the table, its layout inferred) says of each capability.
+GENERIC_NOTES: dict[str, str] = {
+    "diagnose": ("outside the table: one ModuleList of num_hidden_layers blocks under the base model, a final norm "
+                 "beside it, per-layer config lists cut with the blocks, all read from the model transformers builds "
+                 "(meta device); encoders, encoder-decoders, wrappers of several towers and models with no such list "
+                 "are refused from config.json before any weight is read (docs/families.md)"),
+    "stream": ("only once the layer-by-layer forward of a small model of the same family and flags equals that "
+               "model's own forward; refused in one line otherwise"),
+    "prune": ("the export is checked against the original with the blocks skipped (logits, cached generate) and "
+              "refused, nothing written, when they differ"),
+    "lns": "where its pre-norms are found by probing a small model of the family (weight * x or (1 + weight) * x)",
+}
+
+
 def family_table() -> str:
     """The README's "Supported models" table (markdown), from the registry: one row per family, each refusal
     a numbered note below the table."""
@@ -315,4 +419,11 @@ def family_table() -> str:
             marks = " ".join(f"[{notes.index(note) + 1}]" for note in limits)
             cells.append(f"no [{notes.index(why) + 1}]" if why is not None else f"yes {marks}".strip())
         rows.append(f"| {fam.name} | `{fam.model_type}` | {fam.kind} | " + " | ".join(cells) + " |")
+    cells = []
+    for cap in CAPABILITIES:
+        note = GENERIC_NOTES.get(cap)
+        if note is not None and note not in notes:
+            notes.append(note)
+        cells.append(f"yes [{notes.index(note) + 1}]" if note is not None else "yes")
+    rows.append(f"| any other decoder: {INFERRED} | any | any | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n\n" + "\n".join(f"[{i}] {why}." for i, why in enumerate(notes, start=1))

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.families import LNS_MODEL_TYPES, Family, family_of, get_path
+from depthlab.hf.families import LNS_MODEL_TYPES, Family, family_of_model, get_path
 from depthlab.models.schemes import lns_scale
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,9 @@ def _model_type(model: nn.Module) -> str:
 
 
 def _family(model: nn.Module) -> Family:
-    return family_of(_model_type(model), "lns")
+    """The model's table row, else its layout read from the model with its pre-norms probed (or the reason not)."""
+    _model_type(model)
+    return family_of_model(model, "lns")
 
 
 def _scaled_norms(model: nn.Module) -> Iterator[tuple[int, nn.Module]]:

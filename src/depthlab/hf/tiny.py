@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from depthlab.hf.families import family_of
+from depthlab.hf.families import family_of, known_family
 
 #: Keyword arguments every tiny test model shares (``Family.tiny`` and the call's overrides add to them).
 TINY_BASE: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -25,9 +25,14 @@ TINY_BASE: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hi
 
 
 def tiny_config(model_type: str, **overrides: Any) -> Any:
-    """The config of the family's smallest model (``AutoConfig.for_model``): 4 layers of width 32, vocabulary 300."""
+    """The config of the family's smallest model (``AutoConfig.for_model``): 4 layers of width 32, vocabulary 300.
+    A model type outside the registry gets its sizes from its own field names (:func:`depthlab.hf.shrink.tiny_overrides`)."""
     from transformers import AutoConfig
 
+    if known_family(model_type) is None:
+        from depthlab.hf.shrink import tiny_overrides
+
+        return AutoConfig.for_model(model_type, **{**tiny_overrides(AutoConfig.for_model(model_type)), **overrides})
     fam = family_of(model_type)
     return AutoConfig.for_model(model_type, **{**TINY_BASE, **fam.tiny, **overrides})
 
@@ -38,12 +43,12 @@ def tiny_model(model_type: str, *, seed: int = 0, jitter: bool = True, dtype: An
     import torch
     from transformers import AutoModelForCausalLM
 
-    fam = family_of(model_type)
+    fam = known_family(model_type)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides)).eval()
     if jitter:
         jitter_norms(model)
-    if fam.tiny_fixup is not None:
+    if fam is not None and fam.tiny_fixup is not None:
         fam.tiny_fixup(model)
     return model if dtype is None else model.to(dtype)
 

@@ -34,6 +34,17 @@ def check_options(request: Request) -> None:
     pipeline.check_options(request.opts)
 
 
+def check_family(request: Request) -> None:
+    """A checkpoint directory whose family cannot be pruned (an encoder, a wrapper, no block list found), refused
+    from its config.json alone, before any weight is read."""
+    from depthlab.base.errors import DepthlabError
+    from depthlab.hf.families import refusal_before_load
+
+    why = refusal_before_load(request.target, "prune")
+    if why is not None:
+        raise DepthlabError(why)
+
+
 def check_model(request: Request, target: Any) -> None:
     """What needs the opened model, on its engine: block ranges and what the family's config allows; an encoder or
     a scheme Llama cannot express (in memory); blocks without known branches or output projections (``--unit``)."""
@@ -51,7 +62,7 @@ def check_model(request: Request, target: Any) -> None:
 
 
 #: The refusals of ``prune``, by stage (:class:`~depthlab.targets.frame.Checks`): a new one is one more entry.
-CHECKS = Checks(before_load=[check_options, check_out], on_plan=[streamed.check_plan], on_target=[check_model])
+CHECKS = Checks(before_load=[check_options, check_family, check_out], on_plan=[streamed.check_plan], on_target=[check_model])
 
 
 @logs_to_stderr

@@ -35,6 +35,8 @@ from torch import nn
 from depthlab.analysis.diagnostics.capture import find_layers
 from depthlab.base.errors import DepthlabError
 from depthlab.hf.families import (
+    INFERRED,
+    Family,
     check_config,
     cut_config,
     family_of_model,
@@ -48,6 +50,11 @@ log = logging.getLogger(__name__)
 
 #: HF ``model_type`` values whose layer list, KV-cache indexing and per-layer config depthlab knows.
 PRUNABLE_MODEL_TYPES: tuple[str, ...] = tuple(supporting("prune"))
+
+
+#: Largest |Δ logit| between a pruned export and the original with those blocks skipped, by compute dtype, accepted
+#: for an inferred layout (:func:`require_exact`).
+EXPORT_TOL: dict[str, float] = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 0.25, "float16": 0.05}
 
 
 def check_prunable(model: nn.Module) -> None:
@@ -65,11 +72,6 @@ def check_prunable(model: nn.Module) -> None:
     if not hasattr(model, "generate"):
         raise DepthlabError(f"{type(model).__name__} is not a causal LM; depthlab prune needs one")
     find_layers(model)
-
-
-def _layer_owner(model: nn.Module) -> tuple[nn.Module, str]:
-    """The module holding the layer ``ModuleList`` and its attribute name (the family entry's ``layers``)."""
-    return split_path(model, family_of_model(model, "prune").layers)
 
 
 def plain_weights(model: nn.Module) -> None:
@@ -104,7 +106,8 @@ def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False)
     if not inplace:
         model = copy.deepcopy(model)
     plain_weights(model)
-    owner, attr = _layer_owner(model)
+    fam = family_of_model(model, "prune")  # read before the cut: an inferred layout is found by the block count
+    owner, attr = split_path(model, fam.layers)
     layers = getattr(owner, attr)
     n = len(layers)
     gone = set(removed)
@@ -117,15 +120,31 @@ def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False)
             if hasattr(module, "layer_idx"):
                 module.layer_idx = new
     setattr(owner, attr, nn.ModuleList(layers[i] for i in keep))
-    _cut_layer_slices(model, keep)
+    _cut_layer_slices(model, keep, fam)
     cut_config(model.config, keep, n)
+    if fam.inferred:  # the export's record says so (config.json's "depthlab")
+        model.config.depthlab = {**(getattr(model.config, "depthlab", None) or {}), "layout": INFERRED}
     return model
 
 
-def _cut_layer_slices(model: nn.Module, keep: list[int]) -> None:
+def require_exact(model_type: str, check: dict[str, Any], dtype: Any = None) -> None:
+    """For a layout inferred from the model: a one-line DepthlabError when the pruned export's logits differ from the
+    original's with those blocks skipped (``check``'s max |Δ| over ``EXPORT_TOL`` of ``dtype``) or its cached
+    ``generate`` from its uncached one, raised inside the publishing block, so nothing is written."""
+    tol = EXPORT_TOL.get(str(dtype).replace("torch.", ""), EXPORT_TOL["float32"])
+    diffs = [check.get(k) for k in ("max_abs_logit_diff_vs_skipping_in_original", "max_abs_logit_diff")]
+    worst = max((d for d in diffs if d is not None), default=0.0)
+    if not worst <= tol:
+        raise DepthlabError(f"depthlab cannot prune {model_type} (layout inferred): the pruned export's logits differ "
+                            f"from the original's with those blocks skipped by {worst:.2e} (> {tol:g}); nothing written")
+    if check.get("generate_cache_matches_no_cache") is False:
+        raise DepthlabError(f"depthlab cannot prune {model_type} (layout inferred): the pruned export's cached "
+                            "generate differs from its uncached one; nothing written")
+
+
+def _cut_layer_slices(model: nn.Module, keep: list[int], fam: Family) -> None:
     """Tensors holding one slice per layer (the family's ``layer_slices``: Gemma 4's per-layer embedding table and
     projection) cut to the kept layers' slices, the module's sizes with them."""
-    fam = family_of_model(model, "prune")
     for key in fam.layer_slices:
         path, _, name = key.rpartition(".")
         module = get_path(model, path)

@@ -27,6 +27,7 @@ from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import fresh_out
 from depthlab.base.metrics import perplexity
 from depthlab.base.progress import logs_to_stderr
+from depthlab.hf.families import INFERRED
 from depthlab.prune.export import (
     check_prunable,
     cost,
@@ -34,6 +35,7 @@ from depthlab.prune.export import (
     generation_latency,
     hf_model_of,
     lm_logits,
+    require_exact,
     verify_export,
     write_hf,
 )
@@ -198,6 +200,9 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
                                                        "removed_blocks": sel.removed, "method": sel.method,
                                                        "healed_steps": opts.heal.steps})
             check = verify_export(tmp, final_hf, ids)
+        if INFERRED in str(target.info.get("layout")):  # nothing is published when the export is not exact
+            exact = {**check, "max_abs_logit_diff_vs_skipping_in_original": skip_diff}
+            require_exact(str(target.info.get("model_type")), exact, target.info.get("dtype"))
         report = {
             "model": {k: v for k, v in target.info.items() if k != "config"},
             "method": sel.method, "removed_blocks": sel.removed,

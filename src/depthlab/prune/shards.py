@@ -26,7 +26,14 @@ import torch
 
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish
-from depthlab.hf.families import Family, check_config, cut_config, family_of, layer_slice_index
+from depthlab.hf.families import (
+    INFERRED,
+    Family,
+    check_config,
+    cut_config,
+    family_of,
+    layer_slice_index,
+)
 from depthlab.targets.engine import gib
 from depthlab.targets.stream.safetensors import INDEX_FILE, read_header, safetensors_files
 
@@ -137,7 +144,7 @@ def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | No
     from depthlab.hf.lns import CONFIG_KEY, layernorm_scaling_marker
 
     config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
-    family_of(config.model_type, "prune")
+    fam = family_of(config, "prune")
     n = config.num_hidden_layers
     gone = set(removed)
     if sorted(b for b in gone if not 1 <= b <= n) or len(gone) >= n:
@@ -148,6 +155,8 @@ def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | No
     if lns:
         delattr(config, CONFIG_KEY)
     cut_config(config, keep, n)
+    if fam.inferred:  # the export's record says so
+        provenance = {**(provenance or {}), "layout": INFERRED}
     if provenance is not None:
         config.depthlab = {**(getattr(config, "depthlab", None) or {}), **provenance}
     return config, keep, lns
@@ -162,7 +171,7 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
     from depthlab.models.schemes import lns_scale
 
     config, keep, lns = pruned_config(src, removed, provenance)
-    fam = family_of(config.model_type, "prune")
+    fam = family_of(config, "prune")
     pattern = layer_key(fam)
     renumber = {old: new for new, old in enumerate(keep)}
     files = safetensors_files(src)
@@ -170,6 +179,12 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
     for file in files:
         names = {k: r for k in read_header(file) if (r := _renamed(k, renumber, pattern)) is not None}
         plans.append((file, names))
+    stored = {int(m.group(2)) for file in files for k in read_header(file) if (m := pattern.match(k))}
+    n = len(keep) + len(set(removed))
+    if not set(range(n)) <= stored:
+        raise DepthlabError(f"cannot cut {src} shard by shard: its checkpoint keeps its blocks under other keys than "
+                            f"{fam.layers}.N (found {len(stored & set(range(n)))} of {n}; transformers renames them "
+                            "on load); prune it in memory (--no-stream)")
     need = sum(h["data_offsets"][1] - h["data_offsets"][0] for file, names in plans
                for k, h in read_header(file).items() if k in names)
     out.mkdir(parents=True, exist_ok=True)

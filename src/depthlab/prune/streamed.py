@@ -34,6 +34,8 @@ from depthlab.analysis.diagnostics.streamed import LossConsumer, joint_loss
 from depthlab.base.errors import DepthlabError
 from depthlab.base.metrics import perplexity
 from depthlab.base.progress import logs_to_stderr
+from depthlab.hf.families import INFERRED
+from depthlab.prune.export import require_exact
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.pipeline import check_options, held_out_batches
 from depthlab.prune.select import InfluenceAccumulator, Selection, Survey, block_limits, check_blocks, select_blocks
@@ -216,6 +218,8 @@ def prune_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command:
         after = after_measure.survey("survey-pruned")
         ids = measure.text[0].ids[:2, :64]
         check = verify_streamed(measure, after_measure, ids, sel.removed, tmp)
+        if INFERRED in str(target.info.get("layout")):  # nothing is published when the export is not exact
+            require_exact(str(target.info.get("model_type")), check, target.source.compute_dtype)
         report = _report(target, pruned, opts, sel, before, after, batches, measure, after_measure)
         if opts.heal.steps > 0:
             check = _heal_streamed(target, opts, tmp, ids, measure.text, settings, report, check)

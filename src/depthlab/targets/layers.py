@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import nn
 
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.families import family_of, get_path, known_family
+from depthlab.hf.families import family_of, family_of_model, get_path, known_family
 from depthlab.models.decoder import SchemedModel
 
 #: Where other HF models (encoders, families not in depthlab.hf.families) keep their layer list, relative to
@@ -23,8 +23,12 @@ def find_layers(model: nn.Module) -> nn.ModuleList:
     if isinstance(model, SchemedModel):
         return model.blocks
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if known_family(model_type) is not None:
-        layers = get_path(model, family_of(model_type, "diagnose").layers)
+    fam = known_family(model_type)
+    if fam is None and model_type is not None and hasattr(model, "generate"):  # a causal LM outside the table
+        fam = family_of_model(model)
+        fam = None if fam.why_not("diagnose") else fam
+    if fam is not None:
+        layers = get_path(model, family_of(model_type, "diagnose").layers if not fam.inferred else fam.layers)
         if isinstance(layers, nn.ModuleList) and len(layers) > 0:
             return layers
     for root in (getattr(model, "base_model", None), model):

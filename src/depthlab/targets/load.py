@@ -33,6 +33,7 @@ from depthlab.base.extras import needs
 from depthlab.base.paths import check_local_target
 from depthlab.base.precision import default_compute_dtype
 from depthlab.data.tokenizers import model_tokenizer
+from depthlab.hf.families import layout_line
 from depthlab.hf.loading import third_party_output
 from depthlab.models.schemes import BASELINE_SCHEME
 from depthlab.targets.engine import EnginePlan, plan_engine
@@ -77,6 +78,7 @@ def _hf_info(model: nn.Module, source: str) -> dict[str, Any]:
         "n_params": sum(p.numel() for p in model.parameters()),
         "layernorm_scaling": getattr(cfg, "layernorm_scaling", None),
         "depthlab_export": getattr(cfg, "depthlab", None),
+        "layout": layout_line(model),  # "family table", or "<model_type> (layout inferred)"
     }
 
 

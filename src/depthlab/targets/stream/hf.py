@@ -125,7 +125,7 @@ class HFLayerSource(LayerSource):
         from depthlab.hf.lns import apply_layernorm_scaling, layernorm_scaling_marker
 
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
-        self.family = family_of(config.model_type, "stream")
+        self.family = family_of(config, "stream")  # a row, or the layout inferred
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=compute_dtype)
         if layernorm_scaling_marker(model.config) is not None:

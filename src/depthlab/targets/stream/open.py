@@ -77,8 +77,12 @@ def locate(name: str) -> Located | str:
         return f"its config.json is unreadable ({first_line(err)[:100]})"
     model_type = config.get("model_type") if isinstance(config, dict) else None
     try:
-        family_of(model_type, "stream")
+        fam = family_of(config if model_type is not None else None, "stream")  # a row, or the layout inferred
         check_config(config, "stream")  # what this config of the family cannot do (Gemma 4's KV sharing)
+        if fam.inferred:  # checked on a small model of the same family and flags, before any weight is read
+            from depthlab.targets.stream.agree import require_agreement
+
+            require_agreement(config, model_type)
     except DepthlabError as err:
         return first_line(err)
     files = safetensors_files(path)
@@ -129,10 +133,11 @@ def open_streamed(name: str, device: str | torch.device = "cpu", dtype: torch.dt
     check_source(source, str(found.path))  # the whole checkpoint, before the first layer
     cfg = source.skeleton.config
     info = {"source": str(found.path), "architecture": type(source.skeleton).__name__, "model_type": cfg.model_type,
-            "n_layers": source.n_layers, "d_model": cfg.hidden_size, "n_heads": cfg.num_attention_heads,
+            "n_layers": source.n_layers, "d_model": cfg.hidden_size, "n_heads": getattr(cfg, "num_attention_heads", None),
             "n_kv_heads": getattr(cfg, "num_key_value_heads", None), "d_ff": getattr(cfg, "intermediate_size", None),
             "vocab_size": cfg.vocab_size, "n_params": sum(i.numel for i in store.index.values()),
             "layernorm_scaling": getattr(cfg, "layernorm_scaling", None), "depthlab_export": getattr(cfg, "depthlab", None),
+            "layout": source.family.name if source.family.inferred else "family table",
             "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
     return StreamTarget(source, name, "hf-causal-lm", model_tokenizer(found.path), info,
                         getattr(cfg, "max_position_embeddings", None), device, found.path)

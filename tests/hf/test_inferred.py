@@ -1,0 +1,236 @@
+"""Decoders outside the family table: their layout read from the model itself (depthlab.hf.inferred).
+
+- the layout read from every table family's own model is the row's (blocks, final norm, index lists): the inference
+  is checked against an independent source, the hand-written table; and a row overrides what is inferred;
+- the generic path on StableLM (not a row): diagnose streamed equals in memory; prune in both engines writes an export
+  that plain transformers reloads with logits equal to the original's with the block skipped and cached generate equal
+  to uncached; the report and the export's record say "layout inferred";
+- a deterministic sample of transformers' own causal-LM families that are not rows (the list built from transformers,
+  not by hand): each either streams equal to in memory and prunes exactly, or is refused in one line with nothing
+  written (the full sweep: benchmarks/families_inferred.py);
+- the checks that make inference safe: a family whose layer-by-layer forward differs from its own (BLOOM's ALiBi)
+  is refused before streaming; a pruned export whose logits differ from skipping in the original is refused, nothing
+  written;
+- refusals from config.json alone, before any weight is read: the weights file is a large placeholder that any read
+  would trip on.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from tiny_models import report_diff
+
+from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
+from depthlab.base.errors import DepthlabError
+from depthlab.hf import inferred
+from depthlab.hf.families import FAMILIES, INFERRED, family_of, family_of_model, get_path, known_family
+from depthlab.hf.tiny import save_tiny, tiny_config, tiny_model
+from depthlab.prune import PruneOptions, prune_target
+from depthlab.targets import load_target
+
+OPTS = dict(tokens=64, seq_len=16, batch_size=2, jacobian=False, joint_check=False, progress=False)
+PRUNE = dict(method="removal", remove=1, data="builtin", tokens=64, seq_len=16, batch_size=2, progress=False,
+             latency_tokens=2)
+IDS = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    yield
+
+
+def candidates() -> list[str]:
+    """transformers' causal-LM model types whose config is not a row of the table (GPT-SW3's is GPT-2's)."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if CONFIG_MAPPING[t].model_type not in FAMILIES)
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_the_layout_read_from_a_table_familys_model_is_its_row(model_type):
+    row = FAMILIES[model_type]
+    config = tiny_config(model_type)
+    fields = inferred.layout(inferred.meta_model(config))
+    assert "blocks" in fields, fields["refused"]
+    base = fields["base"]
+    full = [".".join(p for p in (base, fields[k]) if p) for k in ("blocks", "norm")]
+    assert full == [row.layers, row.final_norm]
+    assert set(fields["index_lists"]) == set(row.index_lists)
+    assert known_family(config) is row  # the row overrides what is inferred
+
+
+def _skipping(model, layers_path: str, block: int) -> torch.Tensor:
+    """The original's logits with block ``block`` (1-based) handing its input on."""
+    layers = get_path(model, layers_path)
+    handle = layers[block - 1].register_forward_hook(
+        lambda m, a, k, out: (a[0] if a else k["hidden_states"], *out[1:]) if isinstance(out, tuple)
+        else (a[0] if a else k["hidden_states"]), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            return model(input_ids=IDS, use_cache=False).logits
+    finally:
+        handle.remove()
+
+
+def _reloads_exactly(out, ref: torch.Tensor) -> None:
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=IDS, use_cache=False).logits, ref, atol=1e-4, rtol=1e-4)
+    kw = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    prompt = IDS[:1, :6]
+    assert torch.equal(loaded.generate(prompt, use_cache=True, **kw), loaded.generate(prompt, use_cache=False, **kw))
+    assert json.loads((out / "config.json").read_text())["depthlab"]["layout"] == INFERRED
+
+
+def test_a_decoder_outside_the_table_streams_and_prunes_through_its_inferred_layout(tmp_path):
+    model = tiny_model("stablelm")
+    assert "stablelm" not in FAMILIES and family_of_model(model).inferred
+    path = save_tiny(model, tmp_path / "model", max_shard_size="40KB")
+    streamed = diagnose(str(path), DiagnoseOptions(**OPTS, stream=True))
+    in_memory = diagnose(load_target(str(path)), DiagnoseOptions(**OPTS))
+    assert (streamed["engine"]["name"], in_memory["engine"]["name"]) == ("streamed", "in-memory")
+    assert report_diff(streamed, in_memory) <= 1e-4
+    assert streamed["model"]["layout"] == in_memory["model"]["layout"] == f"stablelm ({INFERRED})"
+    runs = {stream: prune_target(str(path), PruneOptions(**PRUNE, stream=stream), tmp_path / f"out-{stream}")
+            for stream in (True, False)}
+    assert runs[True]["removed_blocks"] == runs[False]["removed_blocks"]
+    (removed,) = runs[True]["removed_blocks"]
+    ref = _skipping(model, family_of_model(model).layers, removed)
+    for stream in (True, False):
+        _reloads_exactly(tmp_path / f"out-{stream}", ref)
+
+
+def sample(k: int = 3) -> list[str]:
+    """``k`` candidates in a seeded random order whose tiny config transformers builds (a config whose own defaults do
+    not build is nothing of depthlab's: the sweep records those)."""
+    order = candidates()
+    random.Random(45).shuffle(order)
+    out = []
+    for model_type in order:
+        try:
+            tiny_config(model_type)
+        except Exception:  # noqa: BLE001, S112 - any failure of transformers' config: not drawn
+            continue
+        out.append(model_type)
+        if len(out) == k:
+            return out
+    return out
+
+
+@pytest.mark.parametrize("model_type", sample())
+def test_a_sample_of_transformers_families_streams_and_prunes_exactly_or_is_refused_in_one_line(model_type, tmp_path):
+    """Three families drawn (seeded) from transformers' own list: whatever happens is right or one line."""
+    model = tiny_model(model_type).float()
+    path = save_tiny(model, tmp_path / "model", max_shard_size="40KB")
+    try:
+        streamed = diagnose(str(path), DiagnoseOptions(**OPTS, stream=True))
+        assert report_diff(streamed, diagnose(load_target(str(path)), DiagnoseOptions(**OPTS))) <= 1e-4
+        report = prune_target(str(path), PruneOptions(**PRUNE, stream=True), tmp_path / "out")
+    except DepthlabError as err:
+        assert "\n" not in str(err).strip() and not (tmp_path / "out").exists()
+        return
+    (removed,) = report["removed_blocks"]
+    _reloads_exactly(tmp_path / "out", _skipping(model, family_of_model(model).layers, removed))
+
+
+def test_a_family_whose_layer_by_layer_forward_differs_is_refused_before_streaming(tmp_path):
+    """BLOOM's ALiBi bias is built for the rows of the batch it was recorded on: the streamed engine cannot replay it,
+    and the check on a small model of the family says so before any weight of the checkpoint is read."""
+    path = save_tiny("bloom", tmp_path / "bloom")
+    with pytest.raises(DepthlabError, match=r"cannot stream bloom \(layout inferred\).*small model of its family"):
+        diagnose(str(path), DiagnoseOptions(**OPTS, stream=True))
+
+
+def test_a_pruned_export_that_differs_from_skipping_is_refused_and_nothing_written(tmp_path):
+    """DiffLlama's attention mixes by a per-layer lambda fixed by its index: the block renumbered computes otherwise;
+    the export's check against the original with the block skipped refuses it in both engines."""
+    path = save_tiny("diffllama", tmp_path / "model", max_shard_size="40KB")
+    for stream in (True, False):
+        with pytest.raises(DepthlabError, match=r"cannot prune diffllama \(layout inferred\).*nothing written"):
+            prune_target(str(path), PruneOptions(**PRUNE, stream=stream), tmp_path / f"out-{stream}")
+        assert not (tmp_path / f"out-{stream}").exists()
+
+
+@pytest.mark.parametrize(("model_type", "overrides", "why"), [
+    ("bert", {}, "an encoder"), ("llava", {}, "a wrapper of several towers"), ("t5", {}, "an encoder-decoder")])
+def test_refusals_come_from_config_json_before_any_weight_is_read(model_type, overrides, why, tmp_path):
+    from transformers import AutoConfig
+
+    path = tmp_path / model_type
+    AutoConfig.for_model(model_type, **overrides).save_pretrained(path)
+    with open(path / "model.safetensors", "wb") as f:  # a 1 GiB placeholder: any read of it fails on its header
+        f.truncate(1 << 30)
+    for stream in (True, False):
+        with pytest.raises(DepthlabError, match=f"cannot prune {model_type}.*{why}") as err:
+            prune_target(str(path), PruneOptions(**PRUNE, stream=stream), tmp_path / "out")
+        assert "\n" not in str(err.value).strip() and not (tmp_path / "out").exists()
+    with pytest.raises(DepthlabError, match=f"cannot stream.*{why}"):
+        diagnose(str(path), DiagnoseOptions(**OPTS, stream=True))
+    assert family_of(json.loads((path / "config.json").read_text()), None).inferred
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2", "gemma2", "qwen3_next", "olmo2", "gemma4_text"])
+def test_the_pre_norms_probed_on_a_table_family_are_its_rows_or_refused(model_type):
+    """The probe (on a small model of the family) against the hand-written rows: Llama's two pre-norms, GPT-2's ln_1 /
+    ln_2, Gemma 2's sandwich (the post-norms sit on the branch outputs) with (1 + weight), Qwen3-Next's hybrid blocks,
+    OLMo 2 without pre-norms; Gemma 4 (its per-layer input added to the stream inside the block) refused rather than
+    guessed."""
+    row = FAMILIES[model_type]
+    got = inferred.probe_pre_norms(tiny_config(model_type))
+    if model_type == "gemma4_text" or row.why_not("lns"):
+        assert isinstance(got, str) and "\n" not in got
+    else:
+        assert got == (row.pre_norms, row.norm_offset)
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, norm: torch.nn.Module, scale: float) -> None:
+        super().__init__()
+        self.norm, self.scale = norm, scale
+
+    def forward(self, x):
+        return self.norm(x) * self.scale
+
+
+@pytest.mark.parametrize(("model_type", "pre_norms"), [("stablelm", ("input_layernorm", "post_attention_layernorm")),
+                                                       ("cohere", ("input_layernorm",))])
+def test_lns_on_an_inferred_layout_equals_a_naive_scaling_and_folds(model_type, pre_norms):
+    """StableLM's two pre-norms; Cohere's parallel block reads one norm for both branches."""
+    import copy
+    import math
+
+    from depthlab.hf import apply_layernorm_scaling, fold_layernorm_scaling
+
+    model = tiny_model(model_type).float()
+    fam = family_of_model(model, "lns")
+    assert fam.inferred and fam.pre_norms == pre_norms and fam.norm_offset == 0.0
+    naive = copy.deepcopy(model)
+    for l, block in enumerate(get_path(naive, fam.layers), start=1):
+        for name in pre_norms:
+            setattr(block, name, _Scaled(getattr(block, name), 1 / math.sqrt(l)))
+    hooked = apply_layernorm_scaling(copy.deepcopy(model))
+    with torch.no_grad():
+        want = naive(input_ids=IDS, use_cache=False).logits
+        got = hooked(input_ids=IDS, use_cache=False).logits
+        folded = fold_layernorm_scaling(hooked)(input_ids=IDS, use_cache=False).logits
+        plain = model(input_ids=IDS, use_cache=False).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(folded, want, atol=2e-5, rtol=1e-4)
+    assert (plain - want).abs().max() > 1e-3
+
+
+def test_the_monitor_finds_an_inferred_layouts_blocks():
+    from depthlab.analysis.monitor import DepthMonitor
+    from depthlab.targets import find_layers
+
+    model = tiny_model("opt")  # its blocks at model.decoder.layers, its final norm registered before them
+    assert find_layers(model) is get_path(model, family_of_model(model).layers) is model.model.decoder.layers
+    series = DepthMonitor(model, IDS, every=1, removal=False).probe()
+    assert len(series["layer_angular"]) == model.config.num_hidden_layers
