@@ -25,13 +25,23 @@ from depthlab.base.progress import logs_to_stderr
 from depthlab.prune import pipeline, streamed, streamed_units
 from depthlab.prune.options import PruneOptions
 from depthlab.targets.engine import engine_of
-from depthlab.targets.frame import Checks, Request, check_out, checked
+from depthlab.targets.frame import Checks, Request, check_data, check_out, checked
 from depthlab.targets.stream.sweep import SweepSettings
 
 
 def check_options(request: Request) -> None:
     """Every option's value, what needs no model (``--heal lora`` without peft too)."""
     pipeline.check_options(request.opts)
+
+
+def check_generate_file(request: Request) -> None:
+    """The ``--generate`` task read whole before the model is loaded (it used to be read after the held-out pass
+    and the whole block choice): a missing or malformed file is refused at once."""
+    opts = request.opts
+    if opts.generate is not None:
+        from depthlab.analysis.evaluate.accuracy import load_tasks
+
+        load_tasks(opts.generate, opts.generate_limit)
 
 
 def check_model(request: Request, target: Any) -> None:
@@ -51,7 +61,8 @@ def check_model(request: Request, target: Any) -> None:
 
 
 #: The refusals of ``prune``, by stage (:class:`~depthlab.targets.frame.Checks`): a new one is one more entry.
-CHECKS = Checks(before_load=[check_options, check_out], on_plan=[streamed.check_plan], on_target=[check_model])
+CHECKS = Checks(before_load=[check_options, check_data, check_generate_file, check_out], on_plan=[streamed.check_plan],
+                on_target=[check_model])
 
 
 @logs_to_stderr
