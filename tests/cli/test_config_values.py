@@ -56,3 +56,18 @@ def test_list_flags_take_lists_strings_and_single_integers(tmp_path):
     assert _args(tmp_path, {"seeds": 3}, command="compare").__dict__["compare.seeds"] == [3]
     with pytest.raises(DepthlabError, match="seeds must be a list of integers"):
         _args(tmp_path, {"seeds": ["a"]}, command="compare")
+
+
+def test_a_toml_config_is_read_as_toml(tmp_path):
+    """Issue 49, also seen: a ``.toml`` --config was read as YAML and refused as "got str"; it is read as TOML, with
+    its sections, and a broken one is named as TOML."""
+    path = tmp_path / "c.toml"
+    path.write_text('steps = 12\nlr = 0.5\n[model]\nn_layers = 3\n')
+    args = build_parser().parse_args(["train", "--config", str(path)])
+    apply_config_file(args)
+    assert args.__dict__["train.steps"] == 12 and args.__dict__["train.lr"] == 0.5
+    assert args.model_section == {"n_layers": 3}
+    path.write_text("steps = = 1\n")
+    args = build_parser().parse_args(["train", "--config", str(path)])
+    with pytest.raises(DepthlabError, match=r"c.toml' is not valid TOML"):
+        apply_config_file(args)

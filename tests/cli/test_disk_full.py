@@ -64,3 +64,19 @@ def test_a_checkpoint_that_does_not_fit_leaves_the_earlier_one_intact(full_disk,
     (first,) = list_checkpoints(run)
     assert first.name == "step-00000001" and damage(first) is None
     assert not list((run / "checkpoint").glob(".*.tmp-*"))  # the failed write is gone
+
+
+def test_export_hf_onto_a_full_disk_says_so_in_one_line_and_leaves_nothing(full_disk, tmp_path, capsys):
+    """Issue 49, cause 14: ``export --hf`` onto a full disk printed a raw ``SafetensorError ... os error 28`` (and
+    progress bars) and left a partial directory; the checkpoint is now published whole."""
+    data = _corpus(tmp_path / "corpus.jsonl", 50, 1)
+    run = tmp_path / "run"  # about 3 MB of weights: more than the disk
+    assert main(["train", "--preset", "tiny", "--set", "n_layers=4", "--set", "d_model=256", "--set", "d_ff=512",
+                 "--tokenizer", "bytes", "--data", data, "--seq-len", "16", "--batch-size", "2", "--steps", "1",
+                 "--eval-tokens", "32", "--device", "cpu", "--no-plots", "-q", "--out", str(run)]) == 0
+    capsys.readouterr()
+    out = full_disk / "hf"
+    assert main(["export", str(run), "--hf", str(out)]) == 2
+    line = _one_error_line(capsys, "export")
+    assert "no space left on the device holding" in line and str(out) in line, line
+    assert list(full_disk.iterdir()) == []  # no partial checkpoint, no hidden sibling

@@ -114,3 +114,17 @@ def test_config_values_of_nested_options_reach_the_dataclasses(tmp_path):
     assert PruneOptions(**prune_cli.PRUNE.given(args)).method == "influence"
     heal = HealOptions(**prune_cli.HEAL.given(args))
     assert (heal.steps, heal.mode) == (6, "lora")
+
+
+def test_an_unknown_train_preset_is_refused_before_torch_is_imported():
+    """Issue 49, cause 11: ``train --preset no-such-preset`` took 4-6 s (the check came after the heavy imports);
+    it is now refused before torch is imported, as fast as a bad flag."""
+    import os
+
+    code = ("import sys\nfrom depthlab.cli import main\nrc = main(['train', '--preset', 'no-such-preset', '--out', 'x'])\n"
+            "sys.exit(10 + rc if 'torch' in sys.modules else rc)")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": src})
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)  # 12: refused, but only after importing torch
+    assert "unknown preset 'no-such-preset'" in proc.stderr

@@ -55,3 +55,16 @@ def test_diagnose_prune_finetune_and_evaluate_report_progress_when_piped(run, tm
                      str(tmp_path / "eval"))
     counted(lines, "builtin-mc")
     assert json.loads((tmp_path / "eval" / "eval.json").read_text())
+
+
+def test_a_streamed_prune_piped_shows_no_third_party_progress_bars(tmp_path):
+    """Issue 49, also seen: transformers' "Loading weights" bar (once per streamed layer) and huggingface_hub's
+    "Writing model shards" reached a piped stderr (23 lines in a log); they are shown on a terminal only."""
+    from tiny_models import hf_dir
+
+    path = hf_dir(tmp_path, "llama", 4)
+    lines = depthlab("prune", str(path), "--stream", "--remove", "1", "--tokens", "128", "--seq-len", "32",
+                     "--device", "cpu", "--out", str(tmp_path / "pruned"))
+    bars = [ln for ln in lines if "it/s]" in ln or "Loading weights" in ln or "Writing model shards" in ln]
+    assert not bars, bars
+    assert (tmp_path / "pruned" / "config.json").is_file()

@@ -3,6 +3,7 @@ transformers with the in-memory model's logits, depthlab's own model skipping th
 
 import json
 
+import pytest
 import torch
 
 import depthlab as d
@@ -119,3 +120,17 @@ def test_registry_families_measure_units_where_their_blocks_have_them_and_say_wh
             with torch.no_grad():
                 torch.testing.assert_close(cut(input_ids=ids).logits, hooked, msg=f"{model_type} {unit}")
     assert {"llama", "mistral", "qwen2", "qwen3"} <= set(covered)
+
+
+def test_the_remove_range_of_sublayers_counts_sublayers_not_blocks():
+    """Issue 49, also seen: ``--unit attn --remove 4`` on 4 blocks said "remove 1..3" (the blocks' range: one block
+    must stay), though every attention sublayer may go (``check_units``' own range)."""
+    from depthlab.base.errors import DepthlabError
+    from depthlab.prune.options import PruneOptions
+
+    PruneOptions(remove=4, unit="attn").validate(4)  # all four attention sublayers: allowed, as check_units allows
+    with pytest.raises(DepthlabError, match=r"--remove 5 is out of range: the model has 4 mlp sublayers "
+                                            r"\(--unit mlp\), so remove 1\.\.4"):
+        PruneOptions(remove=5, unit="mlp").validate(4)
+    with pytest.raises(DepthlabError, match=r"the model has 4 blocks, so remove 1\.\.3"):
+        PruneOptions(remove=4).validate(4)

@@ -60,3 +60,41 @@ def test_a_refusal_stops_its_stage_before_anything_it_does_not_need(tmp_path, mo
     with pytest.raises(DepthlabError, match="nope.jsonl"):  # diagnose's own checks: the --mc file before the plan
         diagnose(str(path), DiagnoseOptions(stream=True, mc=str(tmp_path / "nope.jsonl")))
     assert seen == []
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fails the test if the engine is even chosen (config.json read): the refusal must come first."""
+    def never(*args, **kwargs):
+        raise AssertionError("the model was planned or loaded before the refusal")
+
+    monkeypatch.setattr(load, "plan_target", never)
+    monkeypatch.setattr(load, "load_target", never)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["diagnose", "--data", "/dev/zero"], "data '/dev/zero' is a character device, not a file or directory"),
+    (["diagnose", "--data", "{fifo}"], "is a FIFO, not a file or directory"),
+    (["diagnose", "--data", "{missing}"], "not found: give 'builtin'"),
+    (["prune", "--remove", "1", "--data", "{fifo}"], "is a FIFO, not a file or directory"),
+    (["prune", "--remove", "1", "--generate", "{missing}.jsonl"], "does not exist"),
+    (["diagnose", "--out", "/proc/depthlab-x"], "'/proc' is not a writable directory"),
+])
+def test_data_task_files_and_out_are_refused_before_the_model_is_read(argv, needle, tmp_path, capsys, no_model):
+    """Issue 49, causes 8, 9, 10: ``--data /dev/zero`` or a FIFO (said "not found" after the load), a missing
+    ``--generate`` file (found after the held-out pass and the block choice), an ``--out`` under /proc that root's
+    ``os.access`` calls writable (the work was lost when publishing): one line, exit 2, before the model."""
+    import os
+
+    from depthlab.cli import main
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "model").mkdir()  # a directory the model path check accepts; never read (no_model)
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "llama"}')
+    values = {"fifo": str(tmp_path / "fifo"), "missing": str(tmp_path / "nothing")}
+    argv = [a.format(**values) for a in argv]
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "out")]
+    assert main([argv[0], str(tmp_path / "model"), *argv[1:], "--device", "cpu", *out]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -102,6 +102,12 @@ def _quiet_third_parties() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # its own level, set when it is imported: retry lines off
+    if not sys.stderr.isatty():  # loading / writing bars (transformers, huggingface_hub): on a terminal only
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when they are imported
+        if "transformers" in sys.modules:  # imported already (in-process callers): switched off where it reads it
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
     for name in ("transformers", "huggingface_hub", "datasets", "tokenizers", "safetensors"):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=FutureWarning)

@@ -38,6 +38,16 @@ def model_flags(p: argparse.ArgumentParser, scheme_help: str, preset_help: str |
     p.set_defaults(accepts_model_section=True, model_section=None, config_family=None)
 
 
+def check_preset(args: argparse.Namespace) -> None:
+    """``--preset`` checked by name before the heavy imports (torch, 4-6 s on a loaded machine): an unknown one is
+    refused as fast as a bad flag (:data:`depthlab.models.configure.ALL_PRESETS`: a registry import, no torch)."""
+    from depthlab.base.errors import ConfigError, choices
+    from depthlab.models.configure import ALL_PRESETS
+
+    if args.preset and args.preset not in ALL_PRESETS:
+        raise ConfigError(f"unknown preset {args.preset!r}; {choices(ALL_PRESETS)}")
+
+
 def model_from_args(args: argparse.Namespace, base: Any = None) -> Any:
     """The model config the arguments describe: ``--preset`` (else the config file's ``model:`` section, whose
     ``name`` may be a preset; else ``base``; else ``tiny``), then the section's fields and scheme options, then

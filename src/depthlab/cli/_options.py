@@ -170,14 +170,18 @@ class Section:
 # ---------------------------------------------------------------------------------------------- --config
 def add_config_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", default=None,
-                        help="YAML or JSON file setting any of these options (by flag name without dashes, or by "
+                        help="YAML, JSON or TOML file setting any of these options (by flag name without dashes, or by "
                              "section: train:, model:, ...); flags on the command line override it; a run's "
                              "config.json is a valid --config")
     parser.set_defaults(_parser=parser)
 
 
+#: --config formats by file suffix; any other suffix is read as YAML.
+CONFIG_FORMATS = {".json": "JSON", ".toml": "TOML", ".yaml": "YAML", ".yml": "YAML"}
+
+
 def read_config_file(path: str) -> dict[str, Any]:
-    """The mapping in a YAML / JSON file; DepthlabError (one line) when it is missing or not a mapping."""
+    """The mapping in a YAML / JSON / TOML file; DepthlabError (one line) when it is missing or not a mapping."""
     p = Path(path).expanduser()
     if p.is_dir():
         raise DepthlabError(f"--config {path!r} is a directory; give a YAML or JSON file")
@@ -187,16 +191,20 @@ def read_config_file(path: str) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise DepthlabError(f"--config {path!r} cannot be read: {first_line(err)}") from None
+    kind = CONFIG_FORMATS.get(p.suffix.lower(), "YAML")
     try:
-        if p.suffix.lower() == ".json":
+        if kind == "JSON":
             data = json.loads(text)
+        elif kind == "TOML":  # read as TOML (a .toml read as YAML was a string, refused as "got str")
+            import tomllib
+
+            data = tomllib.loads(text)
         else:
             import yaml
 
             data = yaml.safe_load(text)
-    except Exception as err:  # noqa: BLE001 - json / yaml errors: one line
-        raise DepthlabError(f"--config {path!r} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
-                            f"{first_line(err)[:200]}") from None
+    except Exception as err:  # noqa: BLE001 - json / toml / yaml errors: one line
+        raise DepthlabError(f"--config {path!r} is not valid {kind}: {first_line(err)[:200]}") from None
     if not isinstance(data, dict):
         raise DepthlabError(f"--config {path!r} must hold a mapping of option names to values, got "
                             f"{type(data).__name__}")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from depthlab.cli._args import model_flags, model_from_args, scheme_help, schemes_epilog
+from depthlab.cli._args import check_preset, model_flags, model_from_args, scheme_help, schemes_epilog
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, WEIGHT_DTYPES, TrainConfig
 
@@ -109,6 +109,7 @@ def _allowed(text: str | None, resume: bool) -> tuple[str, ...]:
 
 
 def run(args) -> int:
+    check_preset(args)  # before the imports below (torch): a misspelt preset is refused as fast as a bad flag
     from depthlab.base.provenance import command_line
     from depthlab.train import TrainingDiverged, train
     from depthlab.train.distributed import is_main_process

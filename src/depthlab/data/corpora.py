@@ -27,6 +27,7 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from depthlab.base.errors import DepthlabError, choices, first_line
 from depthlab.base.extras import needs
@@ -87,9 +88,22 @@ def is_val_document(text: str, fraction: float = VAL_FRACTION) -> bool:
     return h < fraction * 2**64
 
 
+def check_spec(spec: Any) -> None:
+    """What a data spec alone decides, checked before any model is loaded (``diagnose --data``, ``prune --data``):
+    a local spec resolved to its files (none read), a named or hub one left to its reader."""
+    if not isinstance(spec, str) or not spec:
+        raise DepthlabError(f"invalid data spec {spec!r}")
+    if spec != "builtin" and not spec.startswith("hf:") and spec not in NAMED_CORPORA:
+        resolve_files(spec)
+
+
 def resolve_files(spec: str) -> list[Path]:
-    """The files a local spec names (file, directory, glob), sorted; raises if there are none."""
+    """The files a local spec names (file, directory, glob), sorted; raises if there are none, or if the spec names
+    something that is neither a file nor a directory (a device such as /dev/zero, a FIFO: endless or blocking)."""
     path = Path(spec).expanduser()
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise DepthlabError(f"data {spec!r} is {_special_kind(path)}, not a file or directory; give 'builtin', "
+                            "'hf:NAME[:CONFIG]', a file, a directory or a glob")
     if path.is_file():
         if path.suffix not in FILE_SUFFIXES:
             raise DepthlabError(f"data file {spec!r} has unsupported type {path.suffix!r}; {choices(FILE_SUFFIXES)}")
@@ -107,6 +121,17 @@ def resolve_files(spec: str) -> list[Path]:
             raise DepthlabError(f"data glob {spec!r} matches no {'/'.join(FILE_SUFFIXES)} files")
         return files
     raise DepthlabError(f"data {spec!r} not found: give 'builtin', 'hf:NAME[:CONFIG]', a file, a directory or a glob")
+
+
+def _special_kind(path: Path) -> str:
+    import stat
+
+    mode = path.stat().st_mode
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "a special file"
 
 
 def _read_text(path: Path) -> str:

@@ -211,8 +211,14 @@ def to_hf(model: DecoderLM, out_dir: str | Path, *, dtype: torch.dtype = torch.f
         **({"exported_by": command} if command else {}),
     }
     set_special_token_ids(hf_model, tokenizer)
-    out = save_hf_checkpoint(hf_model, out_dir, tokenizer)
-    (out / "depthlab_config.json").write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
+    from depthlab.base.fileio import publish
+
+    # published whole (a temporary sibling, renamed): a full disk is one line naming it and leaves nothing behind
+    # (safetensors' raw "SafetensorError ... os error 28" and a partial directory before)
+    with publish(out_dir, directory=True, if_exists="refuse") as tmp:
+        save_hf_checkpoint(hf_model, tmp, tokenizer)
+        (tmp / "depthlab_config.json").write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
+    out = Path(out_dir)
     log.info("wrote Hugging Face checkpoint to %s", out)
     return out
 

@@ -61,6 +61,10 @@ def load_pretrained(path: str | Path, auto_class: Any = None, **kwargs: Any) -> 
     refuse = f"cannot load a Hugging Face model from {where!r}"
     if str(path).startswith((".", "/", "~")) and not Path(path).expanduser().exists():
         raise DepthlabError(f"{refuse}: no such directory")
+    if Path(path).expanduser().is_dir() and not kwargs.get("gguf_file"):
+        from depthlab.hf.config_checks import check_model_dir
+
+        check_model_dir(path)  # config.json's sizes and rules, before transformers builds anything
     try:
         with third_party_output():  # transformers' loading bars: on a terminal only (a refusal stays one line)
             model, info = auto_class.from_pretrained(str(path), **{"trust_remote_code": False, **kwargs},

@@ -433,10 +433,14 @@ def _own_qk_norm(cfg, opts) -> str | None:
     return None
 
 
-def _unpruned(cfg, opts) -> str | None:
+def _attnres_check(cfg, opts) -> str | None:
+    """Unpruned, and at most one block per layer (``blocks=99`` on 4 layers silently made 4 blocks)."""
     if cfg.block_depths is not None:
         return (f"attnres cannot run a pruned model (block_depths={cfg.block_depths}): its layers read depth "
                 "sources fixed by their position in the full model")
+    if opts["blocks"] > cfg.n_layers:
+        return (f"attnres blocks={opts['blocks']} exceeds the model's {cfg.n_layers} layers; give 0 (Full AttnRes) "
+                f"or 1..{cfg.n_layers}")
     return None
 
 
@@ -527,7 +531,7 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in [
            "(arXiv:2603.15031)", _attnres, build_embed_norm=_attnres_embed, build_final_norm=_attnres_final,
            options=(number("blocks", 0, "0: Full AttnRes (every sub-layer output a source); N: Block AttnRes, the "
                            "layers in N blocks whose sums are the sources", lo=0, hi=4096, integer=True, alias="block"),),
-           check=_unpruned),
+           check=_attnres_check),
     Scheme("gpas", "GPAS: Pre-LN, after each residual add x - SiLU(g) * sg(x) (scaled forward, unscaled gradient); "
            "one gate g per block, 0 at init", "Chen et al. 2025 (arXiv:2506.22049)", _gpas),
     Scheme("siamese", "SiameseNorm: a Pre-Norm-like and a Post-Norm-like stream share every block; each branch "

@@ -25,7 +25,7 @@ from depthlab.base.progress import logs_to_stderr
 from depthlab.prune import pipeline, streamed, streamed_units
 from depthlab.prune.options import PruneOptions
 from depthlab.targets.engine import engine_of
-from depthlab.targets.frame import Checks, Request, check_out, checked
+from depthlab.targets.frame import Checks, Request, check_data, check_out, checked
 from depthlab.targets.stream.sweep import SweepSettings
 
 
@@ -45,6 +45,16 @@ def check_family(request: Request) -> None:
         raise DepthlabError(why)
 
 
+def check_generate_file(request: Request) -> None:
+    """The ``--generate`` task read whole before the model is loaded (it used to be read after the held-out pass
+    and the whole block choice): a missing or malformed file is refused at once."""
+    opts = request.opts
+    if opts.generate is not None:
+        from depthlab.analysis.evaluate.accuracy import load_tasks
+
+        load_tasks(opts.generate, opts.generate_limit)
+
+
 def check_model(request: Request, target: Any) -> None:
     """What needs the opened model, on its engine: block ranges and what the family's config allows; an encoder or
     a scheme Llama cannot express (in memory); blocks without known branches or output projections (``--unit``)."""
@@ -62,7 +72,8 @@ def check_model(request: Request, target: Any) -> None:
 
 
 #: The refusals of ``prune``, by stage (:class:`~depthlab.targets.frame.Checks`): a new one is one more entry.
-CHECKS = Checks(before_load=[check_options, check_family, check_out], on_plan=[streamed.check_plan], on_target=[check_model])
+CHECKS = Checks(before_load=[check_options, check_family, check_data, check_generate_file, check_out],
+                on_plan=[streamed.check_plan], on_target=[check_model])
 
 
 @logs_to_stderr

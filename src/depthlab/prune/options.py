@@ -87,7 +87,10 @@ class PruneOptions:
             raise DepthlabError(f"unknown --method {self.method!r}; {choices(METHODS)}")
         if self.remove is not None:
             check_int("--remove", self.remove, 1)
-            if n_layers is not None and self.remove >= n_layers:
+            if n_layers is not None and self.unit != "block" and self.remove > n_layers:  # every one may go
+                raise DepthlabError(f"--remove {self.remove} is out of range: the model has {n_layers} {self.unit} "
+                                    f"sublayers (--unit {self.unit}), so remove 1..{n_layers}")
+            if n_layers is not None and self.unit == "block" and self.remove >= n_layers:
                 raise DepthlabError(f"--remove {self.remove} is out of range: the model has {n_layers} blocks, so "
                                     + (f"remove 1..{n_layers - 1}" if n_layers > 1 else "none can be removed"))
         if self.budget is not None:

@@ -109,6 +109,16 @@ def plan_of(target: Any) -> EnginePlan:
 
 
 # ---------------------------------------------------------------------------------------------- shared checks
+def check_data(request: Request) -> None:
+    """``--data`` resolved to its files (none read) before the model is loaded: a missing path, a device such as
+    /dev/zero or a FIFO is refused at once, not after the load (:func:`depthlab.data.corpora.check_spec`)."""
+    from depthlab.data.corpora import check_spec
+
+    spec = getattr(request.opts, "data", None)
+    if spec is not None:
+        check_spec(spec)
+
+
 def check_out(request: Request) -> None:
     """``--out`` new or empty (:func:`depthlab.base.fileio.fresh_out`, the one such check; the line says what the
     directory holds) and creatable: before anything is loaded (the output appears whole at the end)."""
@@ -122,8 +132,20 @@ def check_out(request: Request) -> None:
     parent = out
     while not parent.exists():
         parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or not _can_create_in(parent):
         raise DepthlabError(f"--out {str(out)!r}: {str(parent)!r} is not a writable directory")
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a directory can really be made in ``folder`` (made and removed at once): ``os.access`` says yes to
+    root for /proc or a read-only mount, where publishing the finished output then failed after every pass."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".depthlab-probe-", dir=folder))
+    except OSError:
+        return False
+    return True
 
 
 def _holds(out: Path) -> str:

@@ -57,3 +57,17 @@ def test_the_newest_intact_checkpoint_is_chosen_and_a_damaged_one_named(tmp_path
     assert ckpt.name == "step-00000001" and "step-00000002 is damaged" in caplog.text
     with pytest.raises(DepthlabError, match="is damaged: model.safetensors does not match its checksum"):
         C.load_intact(newest, with_optimizer=False)  # named directly: refused, never swapped for another
+
+
+def test_a_damaged_checkpoint_is_warned_about_once_however_often_the_run_is_opened(tmp_path, caplog):
+    """Issue 49, also seen: ``diagnose`` and ``prune`` of a damaged run warned twice about the same checkpoint (the
+    plan opens the run for its metadata, the load for its weights)."""
+    _save(tmp_path, 1)
+    resized, _ = _save(tmp_path, 2)
+    newest, _ = _save(tmp_path, 3)
+    (resized / "model.safetensors").write_bytes(b"cut")  # resized: skipped as incomplete
+    (newest / "model.safetensors").write_bytes(bytes((newest / "model.safetensors").stat().st_size))  # checksum
+    for _ in range(3):
+        assert C.load_intact(tmp_path, with_optimizer=False)[0].name == "step-00000001"
+    assert caplog.text.count("step-00000003 is damaged") == 1
+    assert caplog.text.count("skipping incomplete checkpoint") == 1

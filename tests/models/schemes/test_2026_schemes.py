@@ -67,7 +67,7 @@ def naive_attnres(model, ids, blocks):
     return model.lm_head(rms(final, model.norm.norm.weight))
 
 
-@pytest.mark.parametrize("n_layers,blocks", [(4, 0), (5, 2), (6, 3), (3, 8)])
+@pytest.mark.parametrize("n_layers,blocks", [(4, 0), (5, 2), (6, 3), (3, 3)])  # 3 blocks of 3: one per layer
 def test_attnres_equals_a_loop_over_the_earlier_outputs(n_layers, blocks):
     model = d.build_model(small("attnres", n_layers=n_layers, blocks=blocks))
     randomize(model)
@@ -261,3 +261,17 @@ def test_hybridnorm_blocks_follow_their_equations(first_block):
             continue
         h = rms(x + qkv_norm_attention(b.attn, x, rope), b.ffn_norm.weight)
         torch.testing.assert_close(states[i + 1], h + b.ffn(h))
+
+
+def test_attnres_blocks_beyond_the_depth_are_refused_not_silently_capped():
+    """Issue 49, cause 12: ``attnres:blocks=99`` on 4 layers trained (the option's 0..4096 range ignores the depth;
+    99 blocks silently became 4); the check holds it against the model's layer count, by preset or by --set."""
+    from depthlab.base.errors import ConfigError
+    from depthlab.models.configure import configure, from_preset
+
+    with pytest.raises(ConfigError, match=r"attnres blocks=99 exceeds the model's 4 layers; give 0 .* or 1\.\.4"):
+        from_preset("tiny", n_layers=4, scheme="attnres:blocks=99")
+    cfg = from_preset("tiny", n_layers=8, scheme="attnres:blocks=8")
+    with pytest.raises(ConfigError, match="exceeds the model's 4 layers"):
+        configure(cfg, n_layers=4)  # a depth lowered under the blocks afterwards
+    assert from_preset("tiny", n_layers=4, scheme="attnres:blocks=4").scheme_options == {"blocks": 4}

@@ -48,3 +48,34 @@ def test_the_owned_state_is_removed_after_the_body_and_kept_when_it_raises(tmp_p
         (root / "saved").write_text("progress")
         raise RuntimeError
     assert (root / "saved").is_file()  # for the rerun to continue from
+
+
+def test_an_edit_of_config_json_after_a_crash_starts_the_pass_over_with_the_new_config(tmp_path, one_thread):
+    """Issue 49, cause 2: a streamed diagnose killed after layer 2, then ``rope_theta`` and ``rms_norm_eps`` edited in
+    config.json (the weights untouched): the rerun used to resume and mix the two configs in one report. The state's
+    fingerprint now covers every file beside the weights: the pass starts over and gives a clean run's numbers."""
+    import json
+
+    from tiny_models import hf_dir
+
+    from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
+    from depthlab.targets.stream.open import open_streamed
+    from depthlab.targets.stream.sweep import SweepSettings
+
+    opts = DiagnoseOptions(tokens=96, seq_len=32, batch_size=2, jacobian=False, joint_check=False, progress=False)
+    path, out = hf_dir(tmp_path, "llama", 4), tmp_path / "report"
+
+    def crash(name: str, group: int, layer: int) -> None:
+        if name == "diagnose" and layer == 2:
+            raise RuntimeError("crash")
+
+    with pytest.raises(RuntimeError, match="crash"):
+        diagnose(open_streamed(str(path)), opts, out=out, settings=SweepSettings(on_layer=crash))
+    assert any((state_dir(out) / "diagnose").glob("*.pt")), "the crash left a resume state"
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(rope_theta=cfg.get("rope_theta", 10000.0) * 7, rms_norm_eps=1e-2)
+    (path / "config.json").write_text(json.dumps(cfg))
+    rerun = diagnose(open_streamed(str(path)), opts, out=out)
+    clean = diagnose(open_streamed(str(path)), opts, out=tmp_path / "clean")
+    assert rerun["engine"]["resumed"] == []
+    assert [rerun["angular"], rerun["loss"]] == [clean["angular"], clean["loss"]]

@@ -31,7 +31,7 @@ from depthlab.analysis.diagnostics.options import DiagnoseOptions
 from depthlab.base.errors import DepthlabError
 from depthlab.base.progress import logs_to_stderr
 from depthlab.targets.engine import EnginePlan, engine_of
-from depthlab.targets.frame import Checks, Request, check_out, checked
+from depthlab.targets.frame import Checks, Request, check_data, check_out, checked
 from depthlab.targets.stream.sweep import SweepSettings
 
 
@@ -90,7 +90,7 @@ def check_tuned_lens(request: Request, target: Any) -> None:
 
 
 #: The refusals of ``diagnose``, by stage (:class:`~depthlab.targets.frame.Checks`): a new one is one more entry.
-CHECKS = Checks(before_load=[check_options, check_mc_file, check_out],
+CHECKS = Checks(before_load=[check_options, check_data, check_mc_file, check_out],
                 on_plan=[check_engine_options],
                 on_target=[check_blocks, check_seq_len, check_tuned_lens])
 

@@ -160,7 +160,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
         if is_complete(p):
             good.append(p)
         else:
-            log.warning("skipping incomplete checkpoint %s", p)
+            _warn_once(p, "skipping incomplete checkpoint %s", p)
     return good
 
 
@@ -206,8 +206,20 @@ def load_intact(path: str | Path, with_optimizer: bool = True, with_model: bool 
                 why = str(err)
         if single:
             raise DepthlabError(f"checkpoint {str(ckpt)!r} is damaged: {why}")
-        log.warning("checkpoint %s is damaged (%s); trying the previous one", ckpt, why)
+        _warn_once(ckpt, "checkpoint %s is damaged (%s); trying the previous one", ckpt, why)
     raise DepthlabError(f"{str(path)!r} holds no intact checkpoint (all {len(candidates)} are damaged)")
+
+
+#: The warnings about damaged or incomplete checkpoints given in this process: a command that opens a run twice (its
+#: plan reads the metadata, its load the weights) names each checkpoint once, not twice.
+_WARNED: set[tuple[str, ...]] = set()
+
+
+def _warn_once(ckpt: Path, message: str, *args: Any) -> None:
+    key = (str(ckpt.resolve()), message, *map(str, args[1:]))
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning(message, *args)
 
 
 def _load_tensors(path: Path) -> Any:

@@ -137,7 +137,7 @@ class HFLayerSource(LayerSource):
         self.base_attr = self.family.layers.split(".")[0]  # the LM's base model, under its head
         names = self._names()
         embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-        tied = {f"{names[id(head)]}.weight": f"{names[id(embed)]}.weight"}
+        tied = {f"{names[id(head)]}.weight": f"{names[id(embed)]}.weight"} if head.weight is embed.weight else {}
         super().__init__(store, device, dtype, compute_dtype, tied)
         self.mapping, self.sources = _conversion(model, store)
         after = [getattr(*a) for a in (self.collapse_attr, self.final_norm_attr) if a is not None]
@@ -175,11 +175,18 @@ class HFLayerSource(LayerSource):
         """transformers' own loader, given this module's checkpoint tensors only (MoE experts fused as it fuses them)."""
         from transformers.core_model_loading import convert_and_load_state_dict_in_model
         from transformers.modeling_utils import LoadStateDictConfig
+        from transformers.utils import logging as hf_logging
 
         tensors = self.store.read(self.keys_of(module), self.dtype, self.device, self.compute_dtype)
         self._fill_computed(module)  # before the weights: an initialisation may touch them too
-        convert_and_load_state_dict_in_model(self.skeleton, tensors,
-                                             LoadStateDictConfig(weight_mapping=self.mapping, dtype=self.compute_dtype))
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # its "Loading weights" bar, once per layer: the sweep shows its own progress
+        try:
+            convert_and_load_state_dict_in_model(self.skeleton, tensors, LoadStateDictConfig(
+                weight_mapping=self.mapping, dtype=self.compute_dtype))
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
         del tensors
         module.requires_grad_(False)
         left = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]

@@ -62,6 +62,7 @@ class Located:
 
 def locate(name: str) -> Located | str:
     """The streamable checkpoint ``name`` designates, or a sentence saying why it is not streamable."""
+    from depthlab.hf.config_checks import check_model_dir
     from depthlab.hf.families import check_config, family_of
 
     path = Path(name).expanduser()
@@ -77,6 +78,7 @@ def locate(name: str) -> Located | str:
         return f"its config.json is unreadable ({first_line(err)[:100]})"
     model_type = config.get("model_type") if isinstance(config, dict) else None
     try:
+        check_model_dir(path)  # config.json's sizes and rules (the same for either engine), before anything is built
         fam = family_of(config if model_type is not None else None, "stream")  # a row, or the layout inferred
         check_config(config, "stream")  # what this config of the family cannot do (Gemma 4's KV sharing)
         if fam.inferred:  # checked on a small model of the same family and flags, before any weight is read

@@ -11,7 +11,8 @@ the same ``out`` is refused in one line naming the holder's PID, before it reads
 the state once the command's output is published. Each sweep (a *pass*) keeps its own subdirectory: after each layer
 the live lanes (and the base's new state) are saved atomically (temporary file, fsync, rename), after each group of
 batches the consumer's sums. A pass killed at any point and rerun with the same inputs continues after the last
-saved layer, with the same numbers; a :func:`fingerprint` (checkpoint files, dtypes, lanes, the token ids) decides
+saved layer, with the same numbers; a :func:`fingerprint` (checkpoint files and every file beside them: config.json,
+the tokenizer; dtypes, lanes, the token ids) decides
 whether a saved state applies, and a damaged one is discarded with a warning (the pass starts over).
 """
 
@@ -90,22 +91,47 @@ def hold_state(root: Path | None, out: Path | None = None) -> Iterator[None]:
         lock.release()
 
 
+#: Files beside the weights hashed whole into a pass's fingerprint up to this size (config.json, the tokenizer's
+#: files, generation_config.json; a larger one by size and mtime, as the weight files are).
+SIDE_FILE_BYTES = 64 << 20
+
+
 def fingerprint(name: str, source: Any, batches: Sequence[Any], lanes: Sequence[Any], keep_states: bool,
                 taps: list[bool], groups: list[range]) -> str:
     """What a pass's saved state was made for: its name, lanes, groups, what the consumer's sums hold (``taps``), the
-    dtypes, the checkpoint files (path, size, mtime) and the batches' token ids and labels."""
+    dtypes, the checkpoint files (path, size, mtime), every other file beside them (config.json, the tokenizer:
+    content; :func:`side_files`) and the batches' token ids and labels. An edit of any of them (``rope_theta`` in
+    config.json, the weights untouched) makes the state apply no more: the pass starts over."""
     h = hashlib.sha256()
     files = sorted({info.file for info in source.store.index.values()})
     ident = [name, keep_states, taps, [(s.key, sorted(s.skip), sorted(s.zero)) for s in lanes],
              [(g.start, g.stop) for g in groups],
              str(source.dtype), str(source.compute_dtype),
-             [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]]
+             [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files], side_files(files)]
     h.update(json.dumps(ident).encode())
     for b in batches:
         h.update(b.ids.cpu().numpy().tobytes())
         if b.labels is not None:
             h.update(b.labels.cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+def side_files(weights: Sequence[Path]) -> list[list[Any]]:
+    """Every other file in the directories of the weight files ``weights``, each as [path, sha256 of its content] (a
+    file over :data:`SIDE_FILE_BYTES`: [path, size, mtime]): config.json, the tokenizer's files, anything else a
+    model directory or a run's checkpoint holds that may change the numbers. Hidden files (locks) are left out."""
+    out: list[list[Any]] = []
+    weight_set = {Path(w) for w in weights}
+    for folder in sorted({Path(w).parent for w in weights}):
+        for f in sorted(folder.iterdir()):
+            if f in weight_set or f.name.startswith(".") or not f.is_file():
+                continue
+            st = f.stat()
+            if st.st_size > SIDE_FILE_BYTES:
+                out.append([str(f), st.st_size, st.st_mtime_ns])
+            else:
+                out.append([str(f), hashlib.sha256(f.read_bytes()).hexdigest()])
+    return out
 
 
 def _atomic_save(obj: Any, path: Path) -> None:

@@ -28,7 +28,7 @@ class RunLayerSource(LayerSource):
         with torch.device("meta"):
             model = DecoderLM(cfg)
         self.skeleton, self.owner, self.layers_attr = model.eval(), model, "blocks"
-        super().__init__(store, device, dtype, compute_dtype, {"lm_head.weight": "embed.weight"})
+        super().__init__(store, device, dtype, compute_dtype, dict.fromkeys(model.tied_keys(), "embed.weight"))
         self.embed_modules = (model.embed, model.embed_norm)
         self.check_finite = True
         self.head_modules = (model.norm, model.lm_head)

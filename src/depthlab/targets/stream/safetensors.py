@@ -84,6 +84,23 @@ def _check_entries(path: Path, header: dict[str, Any], data: int) -> None:
         if not 0 <= begin <= end or end - begin != count * width:
             raise DepthlabError(f"weight file {str(path)!r} has a damaged header entry for {name!r} (its offsets "
                                 f"do not fit its shape {meta['shape']} and dtype {meta['dtype']})")
+    _check_tiling(path, header, data)
+
+
+def _check_tiling(path: Path, header: dict[str, Any], data: int) -> None:
+    """The tensors tile the data section, in order, without gap or overlap, to its end (safetensors' own rule: a file
+    that breaks it is refused by ``safe_open`` with "invalid offset", mid-run)."""
+    end = 0
+    for name, meta in sorted(header.items(), key=lambda kv: (int(kv[1]["data_offsets"][0]), kv[0])):
+        begin = int(meta["data_offsets"][0])
+        if begin != end:
+            raise DepthlabError(f"weight file {str(path)!r} has a damaged header: tensor {name!r} starts at byte "
+                                f"{begin} of the data section, where the tensor before it ends at {end} "
+                                f"({'an overlap' if begin < end else 'a gap'})")
+        end = int(meta["data_offsets"][1])
+    if header and end != data:
+        raise DepthlabError(f"weight file {str(path)!r} has a damaged header: its tensors end at byte {end} of a data "
+                            f"section of {data} bytes")
 
 
 def check_index(directory: Path, weight_map: Any) -> None:

@@ -1,0 +1,82 @@
+"""config.json checked the same way for every family and both engines (``depthlab.hf.config_checks``), before anything
+is built: issue 49's Gemma 4 sharing keys and values in every layer (cause 7), DeepSeek-V4 with more ``layer_types``
+than layers (cause 13), a layer count of 1e9 (under GPT-2's own name too), and transformers' own validation put in
+depthlab's sentence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from depthlab.base.errors import DepthlabError
+from depthlab.cli import main
+from depthlab.hf.config_checks import check_model_dir
+from depthlab.hf.tiny import save_tiny
+from depthlab.targets.load import load_target
+
+CASES = {
+    # cause 7: transformers accepts it, then the in-memory passes end on KeyError: 'sliding_attention'
+    "gemma4-kv-every-layer": ("gemma4_text", {"num_kv_shared_layers": 4},
+                              r"num_kv_shared_layers=4 with num_hidden_layers=4: .*give at most 3"),
+    # cause 13: Gemma 2/3/4 and Qwen3-Next refuse it, DeepSeek-V4 was diagnosed
+    "deepseek-v4-six-layer-types": ("deepseek_v4", {"layer_types": ["sliding_attention"] * 6},
+                                    r"layer_types holds 6 entries for 4 layers; give one per layer"),
+    # a config that grew in memory for minutes
+    "layers-1e9": ("llama", {"num_hidden_layers": 1e9}, r"num_hidden_layers=1e\+09 is not a size depthlab builds"),
+    "gpt2-n-layer-1e9": ("gpt2", {"n_layer": 10 ** 9}, r"n_layer=1000000000 is not a size depthlab builds"),
+    # transformers' strict validation, in depthlab's sentence (not a raw StrictDataclassClassValidationError)
+    "hidden-not-multiple-of-heads": ("llama", {"hidden_size": 30, "num_attention_heads": 4},
+                                     r"is not a valid config: The hidden size \(30\) is not a multiple"),
+}
+
+
+def _dir(tmp_path: Path, model_type: str, edit: dict) -> Path:
+    path = save_tiny(model_type, tmp_path / model_type)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("configs")
+    return {name: _dir(root / name, model_type, edit) for name, (model_type, edit, _) in CASES.items()}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bad_config_is_refused_by_the_check_naming_the_file_and_field(dirs, case):
+    with pytest.raises(DepthlabError, match=CASES[case][2]) as err:
+        check_model_dir(dirs[case])
+    assert str(dirs[case] / "config.json") in str(err.value)
+
+
+@pytest.mark.parametrize("case", ["gemma4-kv-every-layer", "deepseek-v4-six-layer-types", "layers-1e9"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_either_engine_refuses_before_building_the_model(dirs, case, stream, monkeypatch):
+    """The load of either engine refuses at its plan: no model is built (transformers' loader is never called)."""
+    import transformers
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model was built before the refusal")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", never)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", never)
+    with pytest.raises(DepthlabError, match=CASES[case][2]):
+        load_target(str(dirs[case]), stream=stream)
+
+
+def test_the_cli_refuses_gemma4_kv_sharing_every_layer_in_one_line_and_writes_nothing(dirs, tmp_path, capsys):
+    out = tmp_path / "report"
+    capsys.readouterr()
+    assert main(["diagnose", str(dirs["gemma4-kv-every-layer"]), "--device", "cpu", "--out", str(out)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "num_kv_shared_layers=4" in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2", "gemma4_text", "deepseek_v4", "qwen3_next", "mixtral"])
+def test_the_registry_tiny_models_pass_the_check(tmp_path, model_type):
+    """No false refusal of a valid config."""
+    check_model_dir(save_tiny(model_type, tmp_path / model_type))
