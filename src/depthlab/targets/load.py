@@ -163,22 +163,25 @@ def plan_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
                             "scheme it was trained or converted with (drop --scheme)")
     device = torch.device(device)
     _compute_dtype(device, dtype, compute_dtype)
-    check_local_model(name)
-    return plan_engine(name, device, dtype, stream)
+    path = _model_dir(name)
+    if path is not None:
+        from depthlab.hf.config_checks import check_model_dir
+
+        check_model_dir(path)  # config.json's sizes and rules, the same for either engine
+    plan = plan_engine(name, device, dtype, stream)  # a family that cannot stream: refused from config.json alone
+    if path is not None:
+        from depthlab.targets.stream.safetensors import safetensors_files, tensor_index
+
+        tensor_index(safetensors_files(path))  # every weight header whole, its offsets consistent; no weight read
+    return plan
 
 
-def check_local_model(name: str) -> None:
-    """What an HF model directory's config.json and weight headers alone decide, for either engine, before anything is
-    built (:func:`depthlab.hf.config_checks.check_model_dir`; every safetensors header whole and its offsets
-    consistent): nothing of the weights is read."""
+def _model_dir(name: str) -> Path | None:
+    """The HF model directory ``name`` designates (one with a config.json; not a depthlab run), else None."""
     path = Path(name).expanduser()
     if name.startswith("preset:") or not path.is_dir() or _is_run_path(path) or not (path / "config.json").is_file():
-        return
-    from depthlab.hf.config_checks import check_model_dir
-    from depthlab.targets.stream.safetensors import safetensors_files, tensor_index
-
-    check_model_dir(path)
-    tensor_index(safetensors_files(path))  # every header read and checked (one line naming the file)
+        return None
+    return path
 
 
 def _compute_dtype(device: torch.device, dtype: torch.dtype, compute_dtype: torch.dtype | None) -> torch.dtype:
