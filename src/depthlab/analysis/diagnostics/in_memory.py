@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def layers(target: Any) -> list[nn.Module]:
     """The blocks of the loaded model (what the measures are built for)."""
-    return list(find_layers(target.model))
+    return list(find_layers(target.model, target.tower))
 
 
 def feed(target: Any, opts: DiagnoseOptions, measures: Measures) -> Fed:
@@ -67,7 +67,7 @@ def _pass(cap: ResidualCapture, batches: Any, target: Any, opts: DiagnoseOptions
     desc = "residual stream" + (" + removal sweep" if m.removal else "") + (" + sublayers" if m.sublayers else "") + (
         " + logit lens" if m.lens else "")
     jac_seqs: list[torch.Tensor] = []
-    n_batches = -(-(batches.requested // batches.seq_len) // opts.batch_size)
+    n_batches = batches.n_batches
     with progress(n_batches * passes, desc, "pass", opts.progress) as bar:
         for x, y in batches:
             logits, states, calls = cap.run(x, keep_calls=True)
@@ -81,7 +81,7 @@ def _pass(cap: ResidualCapture, batches: Any, target: Any, opts: DiagnoseOptions
                 m.lens.update(cap, x, y, logits, states, on_state=lambda: bar.update(1))
             elif target.causal:
                 m.add_loss(*nll_sum(logits, y))
-            if len(jac_seqs) < opts.jac_samples:
+            if opts.jacobian and len(jac_seqs) < opts.jac_samples:
                 jac_seqs.extend(row.detach() for row in x[: opts.jac_samples - len(jac_seqs)])
             del logits, states, calls
     if m.angular.count == 0:

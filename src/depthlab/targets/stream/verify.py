@@ -40,7 +40,7 @@ def check_source(source: Any, where: str, finite: bool = True) -> None:
     ``where`` and the tensor."""
     store = source.store
     expected: dict[str, torch.Tensor | None] = {}  # checkpoint key -> the tensor it fills (None: converted on load)
-    for module in (*source.embed_modules, *source.layers, *source.head_modules):
+    for module in source.stored_modules():
         state = {k: t for k, t in module.state_dict(keep_vars=True).items() if _persistent(module, k)}
         keys = source.keys_of(module)
         if len(keys) == len(module.state_dict()) and not getattr(source, "sources", None):
