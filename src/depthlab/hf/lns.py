@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.families import LNS_MODEL_TYPES, Family, family_of, get_path
+from depthlab.hf.families import LNS_MODEL_TYPES, Family, get_path
 from depthlab.models.schemes import lns_scale
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,12 @@ def _model_type(model: nn.Module) -> str:
 
 
 def _family(model: nn.Module) -> Family:
-    return family_of(_model_type(model), "lns")
+    """The entry of the model's language tower (a text model's family; an image-text wrapper's text family, based
+    where the wrapper keeps it: LNS scales the decoder's pre-norms only)."""
+    from depthlab.hf.wrappers import tower_family
+
+    _model_type(model)
+    return tower_family(model.config, "language", "lns")
 
 
 def _scaled_norms(model: nn.Module) -> Iterator[tuple[int, nn.Module]]:

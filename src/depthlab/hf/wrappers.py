@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from depthlab.base.errors import DepthlabError, choices
-from depthlab.hf.families import CAPABILITIES, Family, cut_config, family_of, get_path, known_family
+from depthlab.hf.families import CAPABILITIES, Family, config_limit, cut_config, family_of, get_path, known_family
 from depthlab.hf.family_rules import CONFIG_LIMITS, WRAPPER_LIMITS, WRAPPER_RULES, config_field
 
 #: The towers a model may have: every model a language tower (a text decoder), a wrapper also a vision tower.
@@ -237,13 +237,15 @@ def tower_limit(config: Any, tower: str, capability: str, removed: Sequence[int]
     """Why the config cannot do ``capability`` on ``tower`` (for ``prune``: lose its 1-based blocks ``removed``), or
     None: the text family's config limits (on the ``text_config``) and the wrapper's own."""
     wrapper = wrapper_of(config)
+    if wrapper is None:
+        return config_limit(config, capability, removed) if tower == "language" else None
     fam = tower_family(config, tower)
     sub = tower_config(config, tower)
     for name in fam.limits:
         why = CONFIG_LIMITS[name](sub, capability, removed)
         if why is not None:
             return why
-    for name in wrapper.limits if wrapper is not None else ():
+    for name in wrapper.limits:
         why = WRAPPER_LIMITS[name](config, tower, capability, removed)
         if why is not None:
             return why
