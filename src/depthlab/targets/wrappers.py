@@ -88,10 +88,8 @@ def wrapper_target(path: Path, name: str, dtype: torch.dtype, show: bool | None,
     if tower == "language":
         return Target(model, name, "hf-causal-lm", model_tokenizer(str(path)), info, context, tower=tower,
                       forward=text_forward(model))
-    target = Target(model, name, "hf-image-text", model_tokenizer(str(path)), info, context, tower=tower,
-                    forward=lambda inputs: model(**inputs, use_cache=False).logits)
-    target.batches_for = lambda opts: _image_batches(target, opts)
-    return target
+    return Target(model, name, "hf-image-text", model_tokenizer(str(path)), info, context, tower=tower,
+                  forward=lambda inputs: model(**inputs, use_cache=False).logits)
 
 
 def wrapper_info(config: Any, path: str | Path, tower: str, n_layers: int, n_params: int) -> dict[str, Any]:
@@ -109,12 +107,6 @@ def wrapper_info(config: Any, path: str | Path, tower: str, n_layers: int, n_par
             "depthlab_export": getattr(config, "depthlab", None)}
 
 
-def _image_batches(target: Any, opts: Any) -> Any:
-    from depthlab.analysis.diagnostics.heldout import ImageTextBatches
-
-    return ImageTextBatches(target, opts)
-
-
 def processor_of(target: Any) -> Any:
     """The wrapper's processor (:func:`depthlab.hf.processors.wrapper_processor`: transformers' own, or its inputs
     made from the image processor), loaded once; a processor set on the target before (a test's) is kept."""
@@ -125,13 +117,3 @@ def processor_of(target: Any) -> Any:
         wrapper = wrapper_of(target.info.get("model_type") or "")
         target.processor = wrapper_processor(path, wrapper.expand if wrapper is not None else "")
     return target.processor
-
-
-def load_image_text(path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-                    ) -> tuple[Target, Any]:
-    """(the language tower's :class:`Target` of the wrapper at ``path``, its processor): what ``evaluate`` scores
-    image-text tasks with."""
-    from depthlab.targets.load import load_target
-
-    target = load_target(path, device=device, dtype=dtype)
-    return target, processor_of(target)

@@ -114,3 +114,8 @@ class ImageTextBatches:
         for inputs, labels in self.rows:
             yield ({k: v.to(self.device, self.dtype if v.is_floating_point() and self.dtype else v.dtype)
                     for k, v in inputs.items()}, labels.to(self.device))
+
+
+def held_out(target: Any, opts: DiagnoseOptions) -> TextBatches | ImageTextBatches:
+    """What a target is measured on: held-out text, or image-text items for a wrapper's vision tower."""
+    return ImageTextBatches(target, opts) if target.kind == "hf-image-text" else TextBatches(target, opts)

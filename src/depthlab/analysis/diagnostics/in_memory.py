@@ -19,7 +19,7 @@ from torch import nn
 
 from depthlab.analysis.diagnostics.capture import ResidualCapture, capture_of
 from depthlab.analysis.diagnostics.depthmap import DepthMap
-from depthlab.analysis.diagnostics.heldout import TextBatches
+from depthlab.analysis.diagnostics.heldout import held_out
 from depthlab.analysis.diagnostics.jacobian import block_jacobians
 from depthlab.analysis.diagnostics.lens import tuned_lens_compare
 from depthlab.analysis.diagnostics.measures import Fed, Measures, no_text
@@ -41,7 +41,7 @@ def layers(target: Any) -> list[nn.Module]:
 def feed(target: Any, opts: DiagnoseOptions, measures: Measures) -> Fed:
     """Every measure of ``measures`` over the held-out batches of ``target`` (loaded in memory)."""
     cap = capture_of(target)
-    batches = target.batches_for(opts) if target.batches_for is not None else TextBatches(target, opts)
+    batches = target.batches_for(opts) if target.batches_for is not None else held_out(target, opts)
     jac_seqs = _pass(cap, batches, target, opts, measures)
     if opts.tuned_lens and measures.lens is not None:
         measures.tuned_lens = _tuned_lens(cap, batches, opts)
