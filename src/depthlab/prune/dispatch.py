@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from depthlab.analysis.diagnostics.heldout import check_vision_data
 from depthlab.base.progress import logs_to_stderr
 from depthlab.prune import pipeline, streamed, streamed_units, wrappers
 from depthlab.prune.options import PruneOptions
@@ -54,8 +55,8 @@ def check_model(request: Request, target: Any) -> None:
 
 
 #: The refusals of ``prune``, by stage (:class:`~depthlab.targets.frame.Checks`): a new one is one more entry.
-CHECKS = Checks(before_load=[check_options, wrappers.check_config_json, check_out], on_plan=[streamed.check_plan],
-                on_target=[check_model])
+CHECKS = Checks(before_load=[check_options, wrappers.check_config_json, check_vision_data, check_out],
+                on_plan=[streamed.check_plan], on_target=[check_model])
 
 
 @logs_to_stderr

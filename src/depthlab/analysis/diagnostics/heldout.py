@@ -86,6 +86,15 @@ def vision_items(spec: str, limit: int) -> list[Any]:
     return load_image_task(spec, limit).items
 
 
+def check_vision_data(request: Any) -> None:
+    """Before anything is loaded (a frame check of ``diagnose`` and ``prune``): the image-text items a vision tower is
+    asked to be measured on, read and checked whole (:func:`vision_items`: an unreadable or missing image, a missing
+    answer, one line)."""
+    opts = request.opts
+    if getattr(opts, "tower", "language") == "vision":
+        vision_items(opts.data, opts.images)
+
+
 class ImageTextBatches:
     """Re-iterable (inputs, labels) of image-text items, one item a batch, for a wrapper's vision tower: ``inputs``
     the wrapper's (its processor's output for the item's prompt followed by its answer), ``labels`` the next-token
