@@ -21,11 +21,12 @@ from depthlab.hf.wrappers import TOWERS, WRAPPERS, text_forward, tower_family
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 TYPES = list(WRAPPERS)
-#: Run on every test pass: LLaVA (the projector's feature layer), Qwen3-VL (deepstack, the Qwen image expansion),
-#: Llama 4 (a vision tower refused, the language model run alone); the other wrappers' diagnose and prune are slow
-#: (about 10 s of CPU each on the 2-core CI machine), their LNS and monitor test is not.
-FAST = ("llava", "qwen3_vl", "llama4")
-HEAVY = [pytest.param(t, marks=() if t in FAST else pytest.mark.slow) for t in TYPES]
+#: Run on every test pass: LLaVA's two towers (the projector's feature layer), Qwen3-VL's vision tower (deepstack,
+#: the Qwen image expansion), Llama 4's (its language model run alone, its vision tower refused); every other
+#: (wrapper, tower) of diagnose and prune is slow (about 10 s of CPU each on 2 cores), LNS and the monitor are not.
+FAST = {("llava", "language"), ("llava", "vision"), ("qwen3_vl", "vision"), ("llama4", "language"), ("llama4", "vision")}
+HEAVY = [pytest.param(t, tower, marks=() if (t, tower) in FAST else pytest.mark.slow, id=f"{t}-{tower}")
+         for t in TYPES for tower in TOWERS]
 DIAG = {"tokens": 64, "seq_len": 16, "batch_size": 2, "jacobian": False, "joint_check": False, "progress": False,
         "images": 3}
 PRUNE = {"method": "removal", "remove": 1, "data": "builtin", "tokens": 64, "seq_len": 16, "batch_size": 2,
@@ -53,8 +54,7 @@ def refused(model_type: str, tower: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- diagnose
-@pytest.mark.parametrize("tower", TOWERS)
-@pytest.mark.parametrize("model_type", HEAVY)
+@pytest.mark.parametrize("model_type, tower", HEAVY)
 def test_diagnose_both_engines_same_numbers(model_type, tower, saved):
     from depthlab.analysis.diagnostics import DiagnoseOptions, diagnose
     from depthlab.targets import load_target
@@ -108,8 +108,7 @@ def _tensors(out: Path) -> dict[str, torch.Tensor]:
     return {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
 
 
-@pytest.mark.parametrize("tower", TOWERS)
-@pytest.mark.parametrize("model_type", HEAVY)
+@pytest.mark.parametrize("model_type, tower", HEAVY)
 def test_prune_each_tower_both_engines_reloads_and_generates(model_type, tower, saved, tmp_path):
     from transformers import AutoModelForImageTextToText
 
@@ -134,21 +133,20 @@ def test_prune_each_tower_both_engines_reloads_and_generates(model_type, tower, 
     expected = _logits(original, inputs)
     for h in hooks:
         h.remove()
-    for stream, report in reports.items():
-        out = tmp_path / str(stream)
-        loaded = AutoModelForImageTextToText.from_pretrained(str(out)).eval()
-        assert len(find_layers(loaded, tower)) == len(find_layers(original, tower)) - 1
-        for got, want in zip(_logits(loaded, inputs), expected, strict=True):
-            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-        export = report["export"]
-        if WRAPPERS[model_type].refused.get("generate"):
-            assert export["generate_refused"] and export["generated_tokens"] is None
-            continue
+    loaded = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "True")).eval()  # = the in-memory export
+    assert len(find_layers(loaded, tower)) == len(find_layers(original, tower)) - 1
+    for got, want in zip(_logits(loaded, inputs), expected, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    exports = [report["export"] for report in reports.values()]
+    if WRAPPERS[model_type].refused.get("generate"):
+        assert all(e["generate_refused"] and e["generated_tokens"] is None for e in exports)
+        return
+    for export in exports:
         assert export["generate_cache_matches_no_cache"] is True
         assert [len(v) for v in export["generated_tokens"].values()] == [4, 4]  # text, image + text
-        with torch.no_grad():
-            gen = loaded.generate(**inputs, max_new_tokens=1, do_sample=False, pad_token_id=0)
-        assert gen[0, -1] == expected[1][0, -1].argmax()
+    with torch.no_grad():
+        gen = loaded.generate(**inputs, max_new_tokens=1, do_sample=False, pad_token_id=0)
+    assert gen[0, -1] == expected[1][0, -1].argmax()
 
 
 # ---------------------------------------------------------------------------------------------- LNS, monitor
