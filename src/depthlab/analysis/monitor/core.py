@@ -37,7 +37,7 @@ from torch import nn
 from depthlab.analysis.diagnostics.probes import depth_probe, grad_norm_tensor
 from depthlab.analysis.monitor.names import probe_scalars
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.wrappers import text_forward, wrapper_of
+from depthlab.hf.wrappers import WRAPPERS, text_forward
 from depthlab.targets.layers import find_layers
 
 LayersArg = str | nn.Module | Sequence[nn.Module] | None
@@ -86,7 +86,7 @@ def default_forward(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     image-text wrapper's text-only forward (:func:`depthlab.hf.wrappers.text_forward`: Llama 4's through its
     language model)."""
     config = getattr(model, "config", None)
-    if config is not None and wrapper_of(config) is not None:
+    if getattr(config, "model_type", None) in WRAPPERS:
         return text_forward(model)
     if getattr(config, "use_cache", None) is not None:
         return lambda ids: logits_of(model(input_ids=ids, use_cache=False))
