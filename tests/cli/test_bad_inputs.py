@@ -134,6 +134,25 @@ def _bad_files(ws: Path) -> None:
     (ws / "report" / "report.json").write_text("{}")
 
 
+def _vlm_files(ws: Path) -> None:
+    """A tiny image-text wrapper (LLaVA), an image folder with a file that is not an image, MMMU-format files with a
+    missing image and with no answer."""
+    from PIL import Image
+
+    from depthlab.hf.tiny import save_tiny_wrapper
+
+    save_tiny_wrapper("llava", ws / "vlm")
+    for cls in ("cat", "dog"):
+        (ws / "imgs" / cls).mkdir(parents=True)
+        Image.new("RGB", (8, 8), (200, 10, 10)).save(ws / "imgs" / cls / "a.png")
+    (ws / "imgs" / "dog" / "junk.png").write_bytes(b"not a picture" * 4)
+    Image.new("RGB", (8, 8)).save(ws / "pic.png")
+    row = {"id": "q1", "question": "<image 1> What colour?", "options": "['red', 'blue']", "answer": "A",
+           "image_1": "pic.png"}
+    (ws / "vlm_noimage.jsonl").write_text(json.dumps({**row, "image_1": "nope.png"}) + "\n")
+    (ws / "vlm_noanswer.jsonl").write_text(json.dumps({k: v for k, v in row.items() if k != "answer"}) + "\n")
+
+
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     """A workspace: a trained tiny run, a copy whose weights do not match its config, one with a NaN weight,
@@ -154,6 +173,7 @@ def ws(tmp_path_factory):
     _stream_dirs(ws)
     _config_files(ws)
     _bad_files(ws)
+    _vlm_files(ws)
     (ws / "a_file").write_text("I am a file\n")
     (ws / "empty.txt").write_text("\n\n")
     (ws / "latin1.jsonl").write_bytes(b'{"question": "caf\xe9?", "choices": ["a", "b"], "answer": 0}\n')
@@ -224,6 +244,15 @@ CASES = [
     ("diagnose-mc-latin1", ["diagnose", "{ws}/run", "--mc", "{ws}/latin1.jsonl", "--tokens", "64", "--device", "cpu",
                             "--out", "{ws}/new"], "latin1.jsonl"),
     ("diagnose-mc-missing", ["diagnose", "{ws}/run", "--mc", "{ws}/nope.jsonl", "--out", "{ws}/new"], "nope.jsonl"),
+    ("diagnose-vision-of-text-model", ["diagnose", "{ws}/hf", "--tower", "vision", "--out", "{ws}/new"], "text-only"),
+    ("diagnose-stream-vision-of-text-model", ["diagnose", "{ws}/st", "--stream", "--tower", "vision", "--out",
+                                              "{ws}/new"], "text-only"),
+    ("diagnose-vision-unreadable-image", ["diagnose", "{ws}/vlm", "--tower", "vision", "--data", "{ws}/imgs",
+                                          "--out", "{ws}/new"], "junk.png"),
+    ("diagnose-vision-missing-image", ["diagnose", "{ws}/vlm", "--tower", "vision", "--data",
+                                       "{ws}/vlm_noimage.jsonl", "--out", "{ws}/new"], "nope.png"),
+    ("diagnose-vision-no-answer", ["diagnose", "{ws}/vlm", "--tower", "vision", "--data", "{ws}/vlm_noanswer.jsonl",
+                                   "--stream", "--out", "{ws}/new"], "answer"),
     ("diagnose-missing-target", ["diagnose", "{ws}/no-such-run", "--out", "{ws}/new"], "no-such-run"),
     ("diagnose-device", ["diagnose", "{ws}/run", "--device", "tpu9", "--out", "{ws}/new"], "tpu9"),
     ("diagnose-tokens", ["diagnose", "{ws}/run", "--tokens", "0", "--out", "{ws}/new"], "--tokens"),
@@ -340,6 +369,12 @@ CASES = [
                                        "--out", "{ws}/new"], "empty_choices.jsonl:1"),
     # ---- prune
     ("prune-out-is-file", ["prune", "{ws}/run", "--remove", "1", "--out", "{ws}/a_file"], "a_file"),
+    ("prune-vision-of-text-model", ["prune", "{ws}/hf", "--tower", "vision", "--remove", "1", "--out", "{ws}/new"],
+     "text-only"),
+    ("prune-vision-unreadable-image", ["prune", "{ws}/vlm", "--tower", "vision", "--data", "{ws}/imgs", "--remove",
+                                       "1", "--stream", "--out", "{ws}/new"], "junk.png"),
+    ("prune-vision-no-answer", ["prune", "{ws}/vlm", "--tower", "vision", "--data", "{ws}/vlm_noanswer.jsonl",
+                                "--remove", "1", "--out", "{ws}/new"], "answer"),
     ("prune-missing-target", ["prune", "{ws}/no-such-run", "--remove", "1", "--out", "{ws}/new"], "no-such-run"),
     ("prune-too-many", ["prune", "{ws}/run", "--remove", "5", "--device", "cpu", "--out", "{ws}/new"], "5"),
     ("prune-block-range", ["prune", "{ws}/run", "--blocks", "9", "--device", "cpu", "--out", "{ws}/new"], "9"),
@@ -386,6 +421,10 @@ CASES = [
     ("evaluate-missing-task", ["evaluate", "{ws}/run", "--tasks", "{ws}/nope.jsonl", "--out", "{ws}/new"],
      "nope.jsonl"),
     ("evaluate-out-is-file", ["evaluate", "{ws}/run", "--tasks", "builtin-mc", "--out", "{ws}/a_file"], "a_file"),
+    ("evaluate-image-task-missing-image", ["evaluate", "{ws}/vlm", "--tasks", "{ws}/vlm_noimage.jsonl", "--out",
+                                          "{ws}/new"], "nope.png"),
+    ("evaluate-image-task-no-answer", ["evaluate", "{ws}/vlm", "--tasks", "{ws}/vlm_noanswer.jsonl", "--out",
+                                       "{ws}/new"], "answer"),
     ("evaluate-missing-target", ["evaluate", "{ws}/no-such-run", "--tasks", "builtin-mc", "--out", "{ws}/new"],
      "no-such-run"),
     ("evaluate-batch-size", ["evaluate", "{ws}/run", "--tasks", "builtin-mc", "--batch-size", "0",

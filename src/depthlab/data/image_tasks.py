@@ -300,3 +300,21 @@ def load_image_task(spec: str, limit: int | None = None, name: str | None = None
     task.info["files"] = len(files)
     return task
 
+
+
+def folder_task(root: str | Path, limit: int | None = None) -> ImageTask:
+    """An image folder (one sub-folder per class, as a ViT trains on) as an image-text task: each picture asked
+    what it shows, the class names as options (26 classes at most, one letter each). Every image is checked first
+    (:func:`depthlab.data.images.check_image_folder`: one line naming a file Pillow cannot read)."""
+    from depthlab.data.images import IMAGE_SUFFIXES, check_image_folder
+
+    classes = check_image_folder(root)
+    if len(classes) > len(LETTERS):
+        raise DepthlabError(f"image folder {str(root)!r} has {len(classes)} classes; an image-text item offers at most "
+                            f"{len(LETTERS)} lettered options")
+    files = [(f, k) for k, name in enumerate(classes) for f in sorted((Path(root) / name).iterdir())
+             if f.suffix.lower() in IMAGE_SUFFIXES]
+    files = sorted(files, key=lambda fk: (fk[0].name, fk[1]))[: limit or None]  # the classes interleaved
+    items = [ImageItem((ImageRef(path=f),), "What does the picture show?", tuple(classes), k, str(f))
+             for f, k in files]
+    return ImageTask(Path(root).name, items, str(root), {"classes": classes})

@@ -89,6 +89,9 @@ class Family:
     tiny: dict[str, Any] = field(default_factory=dict)  # config overrides of its smallest test model (hf/tiny.py)
     tiny_fixup: Callable[[Any], None] | None = None  # what its random test model needs to behave like a trained one
     inferred: bool = False  # read from the model itself (depthlab.hf.inferred), not a row of the table
+    count: str = "num_hidden_layers"  # the config field holding the number of blocks (Qwen-VL's vision towers: depth)
+    wrapped: str = ""  # a text tower transformers builds only inside this image-text-to-text wrapper (no causal LM
+    #                    class of its own): tested through the wrapper (depthlab.hf.wrappers), not alone
 
     def why_not(self, capability: str) -> str | None:
         return self.refused.get(capability)
@@ -131,6 +134,12 @@ _FAMILIES: tuple[Family, ...] = (
     Family("qwen3", "Qwen3", index_rules=_QWEN_WINDOW,
            convert=Conversion(qk_norm=True, export={"attention_bias": False, "use_sliding_window": False})),
     Family("qwen3_5_text", "Qwen3.5 (text)", "hybrid", norm_offset=1.0, tiny=_LINEAR),
+    Family("qwen3_5_moe_text", "Qwen3.5-MoE (text)", "hybrid", norm_offset=1.0,
+           tiny={**_MOE4, **_LINEAR, "shared_expert_intermediate_size": 32}),
+    Family("qwen2_5_vl_text", "Qwen2.5-VL (text)", index_rules=_QWEN_WINDOW, wrapped="qwen2_5_vl",
+           tiny={"rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0}}),
+    Family("qwen3_vl_text", "Qwen3-VL (text)", wrapped="qwen3_vl"),
+    Family("gemma", "Gemma", norm_offset=1.0),
     Family("gemma2", "Gemma 2", pre_norms=_SANDWICH, norm_offset=1.0),
     Family("gemma3_text", "Gemma 3 (text)", pre_norms=_SANDWICH, norm_offset=1.0),
     Family("gemma4_text", "Gemma 4 (text)", pre_norms=_SANDWICH, limits=("kv_sharing",),
@@ -276,6 +285,8 @@ def refusal_before_load(target: Any, capability: str) -> str | None:
         return None  # the loader names what is wrong with it
     if not isinstance(config, dict) or "model_type" not in config:
         return None
+    if isinstance(config.get("vision_config"), dict):
+        return None  # an image-text wrapper: its towers' entries decide (depthlab.hf.wrappers)
     try:
         family_of(config, capability)
     except DepthlabError as err:
@@ -355,11 +366,12 @@ def _settable(config: Any, name: str) -> bool:
     return not isinstance(prop, property) or prop.fset is not None
 
 
-def cut_config(config: Any, keep: Sequence[int], n_layers: int) -> None:
+def cut_config(config: Any, keep: Sequence[int], n_layers: int, fam: Family | None = None) -> None:
     """``config`` rewritten in place for the model that keeps the 0-based layers ``keep`` of ``n_layers``: index
-    rules first, then per-layer lists sliced, index lists renumbered, ``num_hidden_layers`` set. A model type the
-    registry does not know has its per-layer facts read from its config (:func:`depthlab.hf.inferred.layer_fields`)."""
-    fam = known_family(config)  # a row, or the entry read from the model transformers builds for this config
+    rules first, then per-layer lists sliced, index lists renumbered, the block count (``fam.count``) set. ``fam``:
+    the entry whose rules apply (default: the config's row, or the entry read from the model transformers builds for
+    it, :func:`known_family`; an image-text wrapper's tower passes its own, :func:`depthlab.hf.wrappers.cut_tower`)."""
+    fam = fam or known_family(config)
     maps = {name: dict(config.to_dict().get(name) or {}) for name in fam.layer_maps}
     for name in fam.index_rules:
         INDEX_RULES[name](config, keep, n_layers)
@@ -372,7 +384,7 @@ def cut_config(config: Any, keep: Sequence[int], n_layers: int) -> None:
         values = getattr(config, name, None)
         if isinstance(values, (list, tuple)):
             setattr(config, name, [renumber[i] for i in values if i in renumber])
-    config.num_hidden_layers = len(keep)
+    setattr(config, fam.count, len(keep))
     for name, overrides in maps.items():  # set after the layer count: transformers checks the indices against it
         setattr(config, name, None)
         setattr(config, name, {renumber[int(i)]: v for i, v in overrides.items() if int(i) in renumber})

@@ -109,3 +109,63 @@ def draw_hash_routes(model: Any) -> None:
         for name, table in model.named_buffers():
             if name.endswith("tid2eid"):
                 table.copy_(torch.randint(0, model.config.n_routed_experts, table.shape))
+
+
+# ---------------------------------------------------------------------------------------------- wrapper rules
+def _hidden_index(value: int, n_layers: int) -> int:
+    """A ``hidden_states`` index (0: the embeddings, i: block i's output; negative from the end) as 0..n_layers."""
+    return value if value >= 0 else n_layers + 1 + value
+
+
+def vision_feature_layer(config: Any, keep: Sequence[int], n_layers: int) -> None:
+    """LLaVA / Mistral 3's ``vision_feature_layer`` (an index, or a list, into the vision tower's ``hidden_states``:
+    the states the projector reads) rewritten for the kept vision blocks ``keep`` (0-based) of ``n_layers``: it
+    points at the same state, or, for a removed block, at the state that block's input was (what the original reads
+    with that block skipped). A negative index stays negative (counted from the new end)."""
+    value = config_field(config, "vision_feature_layer")
+
+    def moved(v: int) -> int:
+        p = _hidden_index(v, n_layers)
+        new = sum(1 for i in keep if i < p)
+        return new if v >= 0 else new - (len(keep) + 1)
+
+    if isinstance(value, int) and not isinstance(value, bool):
+        config.vision_feature_layer = moved(value)
+    elif isinstance(value, (list, tuple)):
+        config.vision_feature_layer = [moved(int(v)) for v in value]
+
+
+def deepstack_blocks(config: Any) -> list[int]:
+    """Qwen3-VL's deepstack: the 0-based vision blocks whose outputs are merged into the language model
+    (``vision_config.deepstack_visual_indexes``); [] for a wrapper without."""
+    vision = config_field(config, "vision_config") or {}
+    return [int(i) for i in (config_field(vision, "deepstack_visual_indexes") or [])]
+
+
+def _deepstack(config: Any, tower: str, capability: str, removed: Sequence[int]) -> str | None:
+    """Qwen3-VL: the outputs of vision blocks ``deepstack_visual_indexes`` go through their own mergers and are
+    added to the language stream at the image positions after language blocks 1..k (k: how many). A removed
+    deepstack block leaves its merger nothing the original computes; a removed receiving language block moves
+    the add to the next block: neither has a pruned model, so both are refused."""
+    if capability != "prune":
+        return None
+    indexes = deepstack_blocks(config)
+    if tower == "vision":
+        lost = sorted(set(removed) & {i + 1 for i in indexes})
+        if lost:
+            return (f"vision blocks {lost} cannot go: their outputs feed the deepstack mergers "
+                    f"(vision_config.deepstack_visual_indexes={indexes}), which no pruned config can point elsewhere")
+        return None
+    lost = sorted(set(removed) & set(range(1, len(indexes) + 1)))
+    if lost:
+        return (f"language blocks {lost} cannot go: the deepstack features of {len(indexes)} vision blocks are added "
+                f"to the language stream after blocks 1..{len(indexes)} (one each, in order); removing one moves an add")
+    return None
+
+
+#: Wrapper config fields that depend on vision block positions, rewritten when vision blocks are cut (the wrapper
+#: config, the kept 0-based vision blocks, their number before).
+WRAPPER_RULES: dict[str, Callable[[Any, Sequence[int], int], None]] = {"vision_feature_layer": vision_feature_layer}
+#: What some wrappers cannot lose, by name: (the wrapper config or config.json's dict, tower, capability, removed
+#: 1-based blocks of that tower) -> one line saying why, or None.
+WRAPPER_LIMITS: dict[str, Callable[[Any, str, str, Sequence[int]], str | None]] = {"deepstack": _deepstack}

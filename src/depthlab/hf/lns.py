@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.families import LNS_MODEL_TYPES, Family, family_of_model, get_path
+from depthlab.hf.families import LNS_MODEL_TYPES, Family, get_path
 from depthlab.models.schemes import lns_scale
 
 log = logging.getLogger(__name__)
@@ -81,9 +81,13 @@ def _model_type(model: nn.Module) -> str:
 
 
 def _family(model: nn.Module) -> Family:
-    """The model's table row, else its layout read from the model with its pre-norms probed (or the reason not)."""
+    """The entry of the model's language tower (a text model's row, or its layout read from the model with its
+    pre-norms probed; an image-text wrapper's text family, based where the wrapper keeps it: LNS scales the decoder's
+    pre-norms only)."""
+    from depthlab.hf.wrappers import model_tower_family
+
     _model_type(model)
-    return family_of_model(model, "lns")
+    return model_tower_family(model, "language", "lns")
 
 
 def _scaled_norms(model: nn.Module) -> Iterator[tuple[int, nn.Module]]:

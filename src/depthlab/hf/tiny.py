@@ -91,3 +91,88 @@ def byte_tokenizer() -> Any:
     tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+# ---------------------------------------------------------------------------------------------- wrappers
+def tiny_wrapper(model_type: str, *, seed: int = 0, jitter: bool = True, text: dict[str, Any] | None = None,
+                 vision: dict[str, Any] | None = None, **top: Any) -> tuple[Any, Any]:
+    """(the smallest random image-text-to-text wrapper of ``model_type``, its tokenizer): the text tower its text
+    family's tiny config (4 blocks of width 32), the vision tower the entry's (3 blocks, so a per-layer list of either
+    tower is told apart), the image token ids the tokenizer's own special tokens. Weight matrices a random init
+    leaves at zero (Gemma 3's ``mm_input_projection_weight``) are drawn, else no image would reach the language
+    model. ``text`` / ``vision`` / ``top``: overrides of each config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from depthlab.hf.families import family_of
+    from depthlab.hf.wrappers import WRAPPERS
+
+    spec = WRAPPERS[model_type].tiny
+    tok = special_tokenizer([*spec["tokens"].values(), *spec.get("extra", [])], spec.get("named"))
+    ids = {name: tok.convert_tokens_to_ids(token) for name, token in spec["tokens"].items()}
+    text_type = WRAPPERS[model_type].text_type
+    config = AutoConfig.for_model(model_type, text_config={**TINY_BASE, **family_of(text_type).tiny, **(text or {})},
+                                  vision_config={**spec["vision"], **(vision or {})}, **{**spec.get("top", {}), **top},
+                                  **ids)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and not p.any():
+                p.normal_(0.0, 0.2)
+    if jitter:
+        jitter_norms(model)
+    return model, tok
+
+
+def tiny_processor(model_type: str, tokenizer: Any) -> Any:
+    """The processor of the wrapper's tiny model: transformers' own where it can be built here, else the
+    :class:`~depthlab.hf.processors.ExpandedProcessor` of its image processor (what :func:`depthlab.hf.processors.
+    wrapper_processor` loads from the saved directory); the tokenizer alone for a wrapper without an image processor
+    that builds here (Llama 4)."""
+    import transformers
+
+    from depthlab.hf.processors import ExpandedProcessor
+    from depthlab.hf.wrappers import WRAPPERS
+
+    wrapper = WRAPPERS[model_type]
+    if "image_processor" not in wrapper.tiny:  # Llama 4: its only image processor needs torchvision
+        return tokenizer
+    name, kwargs = wrapper.tiny["image_processor"]
+    image_processor = getattr(transformers, name)(**kwargs)
+    if "processor" in wrapper.tiny:
+        cls, extra = wrapper.tiny["processor"]
+        return getattr(transformers, cls)(image_processor=image_processor, tokenizer=tokenizer, **extra)
+    return ExpandedProcessor(image_processor, tokenizer, wrapper.expand, {})
+
+
+def save_tiny_wrapper(model_type: str, out: str | Path, *, max_shard_size: str | None = None,
+                      model: Any = None, tokenizer: Any = None, **kwargs: Any) -> Path:
+    """A wrapper's tiny model (or ``model`` with its ``tokenizer``) saved into ``out`` with ``save_pretrained``, its
+    tokenizer and its processor (or image processor): a directory every depthlab command, ``AutoProcessor`` (where
+    it builds) and ``AutoModelForImageTextToText`` load."""
+    if model is None:
+        model, tokenizer = tiny_wrapper(model_type, **kwargs)
+    out = Path(out)
+    model.save_pretrained(out, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    tiny_processor(model_type, tokenizer).save_pretrained(str(out))
+    return out
+
+
+def special_tokenizer(specials: list[str], named: dict[str, str] | None = None) -> Any:
+    """A byte-level tokenizer without merges: ids 0..2 pad/bos/eos, then the 256 bytes, then ``specials`` (never
+    split); ``named`` gives some of them the names a processor reads (``tokenizer.boi_token``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2}
+    for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet())):
+        vocab[ch] = 3 + i
+    for s in specials:
+        vocab.setdefault(s, len(vocab))
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens(["<pad>", "<bos>", "<eos>", *specials])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                                   **({"extra_special_tokens": named} if named else {}))

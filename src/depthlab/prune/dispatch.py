@@ -21,8 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from depthlab.analysis.diagnostics.heldout import check_vision_data
 from depthlab.base.progress import logs_to_stderr
-from depthlab.prune import pipeline, streamed, streamed_units
+from depthlab.prune import pipeline, streamed, streamed_units, wrappers
 from depthlab.prune.options import PruneOptions
 from depthlab.targets.engine import engine_of
 from depthlab.targets.frame import Checks, Request, check_data, check_out, checked
@@ -59,6 +60,9 @@ def check_model(request: Request, target: Any) -> None:
     """What needs the opened model, on its engine: block ranges and what the family's config allows; an encoder or
     a scheme Llama cannot express (in memory); blocks without known branches or output projections (``--unit``)."""
     opts = request.opts
+    if wrappers.is_wrapper(target):  # an image-text-to-text wrapper: one of its towers
+        wrappers.check_model(request, target)
+        return
     if engine_of(target) == "streamed":
         streamed.check_model(request, target)
         if opts.unit != "block":
@@ -72,7 +76,8 @@ def check_model(request: Request, target: Any) -> None:
 
 
 #: The refusals of ``prune``, by stage (:class:`~depthlab.targets.frame.Checks`): a new one is one more entry.
-CHECKS = Checks(before_load=[check_options, check_family, check_data, check_generate_file, check_out],
+CHECKS = Checks(before_load=[check_options, check_family, wrappers.check_config_json, check_data, check_generate_file,
+                             check_vision_data, check_out],
                 on_plan=[streamed.check_plan], on_target=[check_model])
 
 
@@ -92,6 +97,10 @@ def run(request: Request, target: Any, settings: SweepSettings | None = None) ->
     """The prune of ``target``, inside :func:`~depthlab.targets.frame.checked` with :data:`CHECKS` (no check is made
     again here), on its engine."""
     opts, out, command = request.opts, request.out, request.command
+    if wrappers.is_wrapper(target):
+        sweep = settings or SweepSettings(progress=opts.progress)
+        sweep.state_dir = request.state
+        return wrappers.prune_wrapper(target, opts, out, command, sweep)
     if engine_of(target) == "streamed":
         sweep = settings or SweepSettings(progress=opts.progress)
         sweep.state_dir = request.state

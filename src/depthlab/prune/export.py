@@ -34,17 +34,8 @@ from torch import nn
 
 from depthlab.analysis.diagnostics.capture import find_layers
 from depthlab.base.errors import DepthlabError
-from depthlab.hf.families import (
-    INFERRED,
-    Family,
-    check_config,
-    cut_config,
-    family_of_model,
-    get_path,
-    layer_slice_index,
-    split_path,
-    supporting,
-)
+from depthlab.hf.families import INFERRED, get_path, layer_slice_index, split_path, supporting
+from depthlab.hf.wrappers import check_tower, cut_tower, model_tower_family
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +48,9 @@ PRUNABLE_MODEL_TYPES: tuple[str, ...] = tuple(supporting("prune"))
 EXPORT_TOL: dict[str, float] = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 0.25, "float16": 0.05}
 
 
-def check_prunable(model: nn.Module) -> None:
+def check_prunable(model: nn.Module, tower: str = "language") -> None:
     """Refuse what the surgery does not know: an unknown HF architecture, a depthlab scheme that a
-    vanilla Llama cannot express."""
+    vanilla Llama cannot express (``tower``: an image-text wrapper's, :mod:`depthlab.hf.wrappers`)."""
     from depthlab.models.decoder import DecoderLM
 
     if isinstance(model, DecoderLM):
@@ -68,10 +59,10 @@ def check_prunable(model: nn.Module) -> None:
         with torch.device("meta"):
             folded_state_dict(DecoderLM(model.cfg))  # raises DepthlabError naming the exportable schemes
         return
-    family_of_model(model, "prune")  # one line naming the families that can, or why this one cannot
+    model_tower_family(model, tower, "prune")  # one line naming the families that can, or why this one cannot
     if not hasattr(model, "generate"):
         raise DepthlabError(f"{type(model).__name__} is not a causal LM; depthlab prune needs one")
-    find_layers(model)
+    find_layers(model, tower)
 
 
 def plain_weights(model: nn.Module) -> None:
@@ -90,23 +81,25 @@ def plain_weights(model: nn.Module) -> None:
 
 
 @torch.no_grad()
-def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False) -> nn.Module:
+def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False, tower: str = "language") -> nn.Module:
     """An HF causal LM without the decoder layers ``removed`` (1-based): layers, ``layer_idx`` and
-    config renumbered (see the module docstring). LNS hooks are folded first. A copy unless ``inplace``."""
+    config renumbered (see the module docstring). LNS hooks are folded first. A copy unless ``inplace``.
+    ``tower``: which block list of an image-text wrapper loses them (its config cut by the wrapper entry's rules:
+    :func:`depthlab.hf.wrappers.cut_tower`)."""
     from depthlab.hf.lns import fold_layernorm_scaling, is_layernorm_scaled
 
-    check_prunable(model)
+    check_prunable(model, tower)
     from depthlab.models.decoder import DecoderLM
 
     if not isinstance(model, DecoderLM):
-        check_config(model.config, "prune", removed)  # blocks the family's config cannot lose, before any work
+        check_tower(model.config, tower, "prune", removed)  # blocks the config cannot lose, before any work
     if is_layernorm_scaled(model):
         model = fold_layernorm_scaling(model, inplace=inplace)  # each layer's own 1/sqrt(l), in its weights
         inplace = True
     if not inplace:
         model = copy.deepcopy(model)
     plain_weights(model)
-    fam = family_of_model(model, "prune")  # read before the cut: an inferred layout is found by the block count
+    fam = model_tower_family(model, tower, "prune")  # read before the cut: an inferred layout by the block count
     owner, attr = split_path(model, fam.layers)
     layers = getattr(owner, attr)
     n = len(layers)
@@ -120,8 +113,8 @@ def drop_layers(model: nn.Module, removed: Sequence[int], inplace: bool = False)
             if hasattr(module, "layer_idx"):
                 module.layer_idx = new
     setattr(owner, attr, nn.ModuleList(layers[i] for i in keep))
-    _cut_layer_slices(model, keep, fam)
-    cut_config(model.config, keep, n)
+    _cut_layer_slices(model, keep, tower, fam)
+    cut_tower(model.config, tower, keep, n)
     if fam.inferred:  # the export's record says so (config.json's "depthlab")
         model.config.depthlab = {**(getattr(model.config, "depthlab", None) or {}), "layout": INFERRED}
     return model
@@ -142,13 +135,15 @@ def require_exact(model_type: str, check: dict[str, Any], dtype: Any = None) -> 
                             "generate differs from its uncached one; nothing written")
 
 
-def _cut_layer_slices(model: nn.Module, keep: list[int], fam: Family) -> None:
+def _cut_layer_slices(model: nn.Module, keep: list[int], tower: str, fam: Any) -> None:
     """Tensors holding one slice per layer (the family's ``layer_slices``: Gemma 4's per-layer embedding table and
     projection) cut to the kept layers' slices, the module's sizes with them."""
+    from depthlab.hf.wrappers import tower_config
+
     for key in fam.layer_slices:
         path, _, name = key.rpartition(".")
         module = get_path(model, path)
-        dim, index = layer_slice_index(fam, key, model.config, keep)
+        dim, index = layer_slice_index(fam, key, tower_config(model.config, tower), keep)
         weight = getattr(module, name)
         setattr(module, name, nn.Parameter(weight.index_select(dim, torch.tensor(index, device=weight.device)),
                                            requires_grad=weight.requires_grad))

@@ -49,6 +49,8 @@ class PruneOptions:
     """Which blocks go (exactly one of ``remove``, ``budget``, ``blocks``), chosen how, on what text."""
 
     # ---- what to remove
+    tower: str = "language"  # an image-text wrapper's tower whose blocks go: language (chosen on text) or vision
+    #                          (chosen on image-text items: the loss of their answers); the whole wrapper is written
     unit: str = "block"  # what goes: whole blocks, or the attention (attn) or MLP (mlp) sublayer of blocks
     method: str = "removal"  # how to choose blocks (ignored with blocks): removal | angular-block | influence
     remove: int | None = None  # remove N blocks
@@ -59,6 +61,7 @@ class PruneOptions:
     tokens: int = 2048  # held-out tokens
     seq_len: int = 256  # tokens per sequence
     batch_size: int = 8  # sequences per forward
+    images: int = 64  # --tower vision: image-text items (--data: builtin-shapes, an MMMU-format file, an image folder)
     heal: HealOptions = field(default_factory=HealOptions)  # healing after the surgery
     latency_tokens: int = 16  # new tokens generated for the latency measurement
     generate: str | None = None  # generative task scored by exact match before and after: builtin-arith, builtin-verses, .jsonl
@@ -74,6 +77,10 @@ class PruneOptions:
         if len(given) != 1:
             raise DepthlabError("give exactly one of --remove N, --budget NATS, --blocks LIST"
                                 + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
+        from depthlab.hf.wrappers import check_tower_name
+
+        check_tower_name(self.tower)
+        check_int("--images", self.images, 1, MAX_TOKENS)
         if self.unit not in UNIT_CHOICES:
             raise DepthlabError(f"unknown --unit {self.unit!r}; {choices(UNIT_CHOICES)}")
         if self.generate is not None:

@@ -59,13 +59,14 @@ Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 Allowed = Callable[[Sequence[int]], "str | None"]
 
 
-def block_limits(config: Any) -> Allowed | None:
-    """What an HF model's config lets go (the family registry's config limits, as data), None for no config."""
+def block_limits(config: Any, tower: str = "language") -> Allowed | None:
+    """What an HF model's config lets go (the family registry's config limits, as data; ``tower``: of an image-text
+    wrapper, with the wrapper's own limits), None for no config."""
     if config is None:
         return None
-    from depthlab.hf.families import config_limit
+    from depthlab.hf.wrappers import tower_limit
 
-    return lambda blocks: config_limit(config, "prune", sorted(blocks))
+    return lambda blocks: tower_limit(config, tower, "prune", sorted(blocks))
 
 
 def _ok(allowed: Allowed | None, blocks: Iterable[int]) -> bool:
@@ -157,7 +158,7 @@ def survey_model(cap: ResidualCapture, batches: Batches, on_batch: Callable[[int
         total, count = total + s, count + n
         del logits, states
         if on_batch is not None:
-            on_batch(x.shape[0])
+            on_batch(y.shape[0])
     if count == 0:
         raise DepthlabError("the held-out data gave no tokens to evaluate")
     return Survey(total / count, count, angular.mean(), influence.result())
@@ -225,7 +226,7 @@ def _greedy_losses(cap: ResidualCapture, batches: Batches, removed: set[int], ca
         count += int((y != IGNORE_INDEX).sum())
         del states
         if on_batch is not None:
-            on_batch(x.shape[0])
+            on_batch(y.shape[0])
     return {m: s / max(count, 1) for m, s in sums.items()}
 
 

@@ -26,14 +26,8 @@ import torch
 
 from depthlab.base.errors import DepthlabError
 from depthlab.base.fileio import publish
-from depthlab.hf.families import (
-    INFERRED,
-    Family,
-    check_config,
-    cut_config,
-    family_of,
-    layer_slice_index,
-)
+from depthlab.hf.families import INFERRED, Family, layer_slice_index
+from depthlab.hf.wrappers import check_tower, cut_tower, tower_config, tower_family, tower_layers, wrapper_of
 from depthlab.targets.engine import gib
 from depthlab.targets.stream.safetensors import INDEX_FILE, read_header, safetensors_files
 
@@ -122,13 +116,15 @@ def _sliced(file: Path, name: str, dim: int, index: list[int]) -> tuple[bytes, l
 
 def module_keys(config: Any, keys: list[str]) -> dict[str, str]:
     """Checkpoint key -> the module key transformers loads it into (the same but where the family's checkpoint
-    format renames, e.g. DeepSeek-V4's norms): which stored tensor is a pre-norm is decided on the module's name."""
-    from transformers import AutoModelForCausalLM
+    format renames, e.g. DeepSeek-V4's norms, or an image-text wrapper's legacy layout): which stored tensor is a
+    pre-norm, and which belongs to a tower's block, is decided on the module's name."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter, rename_source_key
 
+    auto = AutoModelForImageTextToText if wrapper_of(config) is not None else AutoModelForCausalLM
     with torch.device("meta"):
-        mapping = get_model_conversion_mapping(AutoModelForCausalLM.from_config(config))
+        mapping = get_model_conversion_mapping(auto.from_config(config))
     if not mapping:
         return {k: k for k in keys}
     renamings = [t for t in mapping if not isinstance(t, WeightConverter)]
@@ -136,25 +132,27 @@ def module_keys(config: Any, keys: list[str]) -> dict[str, str]:
     return {k: rename_source_key(k, renamings, converters)[0] for k in keys}
 
 
-def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | None) -> tuple[Any, list[int], bool]:
-    """(the pruned config, the kept 0-based layers, whether LNS is folded) of the checkpoint in ``src``; refuses a
-    family that cannot be pruned, before anything is written."""
+def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | None, tower: str = "language"
+                  ) -> tuple[Any, list[int], bool]:
+    """(the pruned config, the kept 0-based layers, whether LNS is folded) of the checkpoint in ``src`` without the
+    blocks ``removed`` of ``tower`` (an image-text wrapper's); refuses a family that cannot be pruned, before
+    anything is written."""
     from transformers import AutoConfig
 
     from depthlab.hf.lns import CONFIG_KEY, layernorm_scaling_marker
 
     config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
-    fam = family_of(config, "prune")
-    n = config.num_hidden_layers
+    fam = tower_family(config, tower, "prune")
+    n = tower_layers(config, tower)
     gone = set(removed)
     if sorted(b for b in gone if not 1 <= b <= n) or len(gone) >= n:
         raise DepthlabError(f"cannot remove blocks {sorted(gone)} from a model of {n} (1..{n}, keep at least one)")
-    check_config(config, "prune", removed)  # blocks the family's config cannot lose
+    check_tower(config, tower, "prune", removed)  # blocks the config cannot lose
     keep = [i for i in range(n) if i + 1 not in gone]
-    lns = layernorm_scaling_marker(config) is not None
+    lns = tower == "language" and layernorm_scaling_marker(config) is not None  # LNS scales the language tower
     if lns:
         delattr(config, CONFIG_KEY)
-    cut_config(config, keep, n)
+    cut_tower(config, tower, keep, n)
     if fam.inferred:  # the export's record says so
         provenance = {**(provenance or {}), "layout": INFERRED}
     if provenance is not None:
@@ -162,19 +160,37 @@ def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | No
     return config, keep, lns
 
 
+def stored_layer_key(config: Any, fam: Family, keys: list[str]) -> re.Pattern:
+    """:func:`layer_key` for the checkpoint's own keys: the family's block path, or where the checkpoint stores the
+    blocks when its keys are not the module paths (an image-text wrapper's legacy layout, found through
+    transformers' conversion mapping: ``language_model.model.layers`` for ``model.language_model.layers``)."""
+    modules = layer_key(fam)
+    as_module = module_keys(config, keys)
+    for key in keys:
+        m = modules.match(as_module[key])
+        if m is None or as_module[key] == key:
+            continue
+        at = key.find(f".{m.group(2)}{m.group(3)}")
+        if at > 0:
+            return re.compile(rf"^({re.escape(key[:at])}\.)(\d+)(\..*)$")
+    return modules
+
+
 def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: dict[str, Any] | None = None,
-                        tokenizer: Any = None, zeroed: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """Write the checkpoint of ``src`` without blocks ``removed`` (1-based) into ``out``, the tensors ``zeroed``
-    (checkpoint keys: ``prune --unit``'s output projections) written as zeros; returns what was written (files,
-    bytes). Refuses, before writing anything, when the disk has no room for it."""
+                        tokenizer: Any = None, zeroed: frozenset[str] = frozenset(), tower: str = "language"
+                        ) -> dict[str, Any]:
+    """Write the checkpoint of ``src`` without blocks ``removed`` (1-based) of ``tower`` (an image-text wrapper's:
+    the whole wrapper is written, its processor files copied) into ``out``, the tensors ``zeroed`` (checkpoint
+    keys: ``prune --unit``'s output projections) written as zeros; returns what was written (files, bytes).
+    Refuses, before writing anything, when the disk has no room for it."""
     from depthlab.hf.tokenizers import hf_tokenizer
     from depthlab.models.schemes import lns_scale
 
-    config, keep, lns = pruned_config(src, removed, provenance)
-    fam = family_of(config, "prune")
-    pattern = layer_key(fam)
-    renumber = {old: new for new, old in enumerate(keep)}
+    config, keep, lns = pruned_config(src, removed, provenance, tower)
+    fam = tower_family(config, tower, "prune")
     files = safetensors_files(src)
+    pattern = stored_layer_key(config, fam, [k for f in files for k in read_header(f)])
+    renumber = {old: new for new, old in enumerate(keep)}
     plans = []
     for file in files:
         names = {k: r for k in read_header(file) if (r := _renamed(k, renumber, pattern)) is not None}
@@ -200,12 +216,12 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
         shard = "model.safetensors" if single else f"model-{k:05d}-of-{len(plans):05d}.safetensors"
         folded, shapes = {}, {}
         for old_name, new_name in names.items():
-            cut = layer_slice_index(fam, old_name, config, keep)
+            cut = layer_slice_index(fam, old_name, tower_config(config, tower), keep)
             if cut is not None:
                 folded[new_name], shapes[new_name] = _sliced(file, old_name, *cut)
         if lns:
             for old_name, new_name in names.items():
-                m = pattern.match(as_module[old_name])
+                m = layer_key(fam).match(as_module[old_name])
                 if m and any(m.group(3) in (f".{norm}.weight", f".{norm}.bias") for norm in fam.pre_norms):
                     folded[new_name] = _folded(file, old_name, lns_scale(int(m.group(2)) + 1), fam.norm_offset)
         for old_name in zeroed.intersection(names):  # calloc'd: zero pages, not resident memory
@@ -218,8 +234,28 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
     for extra in ("generation_config.json",):
         if (src / extra).is_file():
             shutil.copyfile(src / extra, out / extra)
-    hf_tok = hf_tokenizer(tokenizer) if tokenizer is not None else None
-    if hf_tok is not None:
-        hf_tok.save_pretrained(str(out))
+    if wrapper_of(config) is not None:
+        copy_side_files(src, out)  # the processor, tokenizer and chat template, as they were
+    else:
+        hf_tok = hf_tokenizer(tokenizer) if tokenizer is not None else None
+        if hf_tok is not None:
+            hf_tok.save_pretrained(str(out))
     config.save_pretrained(str(out))  # last: a directory with config.json is complete
     return {"files": sorted({*weight_map.values()}), "bytes": total, "n_layers": len(keep), "lns_folded": lns}
+
+
+#: Files of a model directory that are the weights or the config (written anew), not copied beside a pruned export.
+WEIGHT_FILES = ("config.json", INDEX_FILE)
+
+
+def copy_side_files(src: Path, out: Path) -> list[str]:
+    """Every file of the model directory ``src`` that is not its weights or config (an image-text wrapper's
+    processor, image processor, tokenizer, chat template, generation config) copied into ``out`` unless ``out``
+    has it already; returns their names."""
+    copied = []
+    for f in sorted(Path(src).iterdir()):
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name not in WEIGHT_FILES \
+                and not (out / f.name).exists():
+            shutil.copyfile(f, out / f.name)
+            copied.append(f.name)
+    return copied

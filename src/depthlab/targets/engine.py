@@ -65,14 +65,15 @@ class EnginePlan:
         return ENGINES[self.streamed]
 
 
-def plan_engine(name: str, device: torch.device, dtype: torch.dtype, stream: bool | None) -> EnginePlan:
+def plan_engine(name: str, device: torch.device, dtype: torch.dtype, stream: bool | None,
+                tower: str = "language") -> EnginePlan:
     """Stream when ``stream`` says so, or (None) when the model would not fit the device's free memory.
-    Raises when streaming is asked for a target that cannot stream."""
+    Raises when streaming is asked for a target that cannot stream (``tower``: an image-text wrapper's)."""
     from depthlab.targets.stream.open import locate, stored_bytes
 
     if stream is False:
         return EnginePlan(False, "in memory (streaming off)")
-    found = locate(name)
+    found = locate(name, tower)
     if isinstance(found, str):
         if stream:
             raise DepthlabError(f"--stream: cannot stream {name!r}: {found}")

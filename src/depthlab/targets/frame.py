@@ -78,20 +78,21 @@ def checked(request: Request, checks: Checks, prepare: Callable[[Request, Any], 
     for check in checks.before_load:
         check(request)
     stream = getattr(request.opts, "stream", None)
+    tower = getattr(request.opts, "tower", "language")
     opened = not isinstance(request.target, (str, Path))
     if opened:
         target = target_for(request.target, stream)
         plan = plan_of(target)
     else:
         plan = plan_target(str(request.target), request.device, request.dtype, request.scheme, stream,
-                           request.compute_dtype)
+                           request.compute_dtype, tower)
     for check in checks.on_plan:
         check(request, plan)
     with owned_state(request.out if plan.streamed else None) as root:
         request.state = root
         if not opened:
             target = load_target(str(request.target), request.device, request.dtype, request.scheme, request.progress,
-                                 stream, request.compute_dtype, plan=plan)
+                                 stream, request.compute_dtype, plan=plan, tower=tower)
         if prepare is not None:
             prepare(request, target)
         for check in checks.on_target:
@@ -115,7 +116,7 @@ def check_data(request: Request) -> None:
     from depthlab.data.corpora import check_spec
 
     spec = getattr(request.opts, "data", None)
-    if spec is not None:
+    if spec is not None and getattr(request.opts, "tower", "language") != "vision":  # images: check_vision_data's
         check_spec(spec)
 
 

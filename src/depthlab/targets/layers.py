@@ -9,6 +9,7 @@ from torch import nn
 
 from depthlab.base.errors import DepthlabError
 from depthlab.hf.families import family_of, family_of_model, get_path, known_family
+from depthlab.hf.wrappers import find_tower, tower_family, wrapper_of
 from depthlab.models.decoder import SchemedModel
 
 #: Where other HF models (encoders, families not in depthlab.hf.families) keep their layer list, relative to
@@ -17,12 +18,21 @@ LAYER_PATHS: tuple[str, ...] = ("layers", "h", "blocks", "encoder.layer", "decod
                                 "model.layers", "layer")
 
 
-def find_layers(model: nn.Module) -> nn.ModuleList:
+def find_layers(model: nn.Module, tower: str = "language") -> nn.ModuleList:
     """The ordered residual blocks of a depthlab ``DecoderLM`` or ``ViT``, or of a Hugging Face model: a decoder
-    family's entry says where they sit (:mod:`depthlab.hf.families`); other models are searched."""
+    family's entry says where they sit (:mod:`depthlab.hf.families`), an image-text wrapper's entry where each of
+    its towers does (:mod:`depthlab.hf.wrappers`; ``tower``: language or vision); other models are searched."""
+    config = getattr(model, "config", None)
+    if tower != "language" or (config is not None and wrapper_of(config) is not None):
+        tower_family(config if config is not None else {}, tower)  # a vision tower of a text model: one line
+        layers = find_tower(model, tower)
+        if layers is None:
+            raise DepthlabError(f"{type(model).__name__} holds no {tower} blocks at "
+                                f"{tower_family(config, tower).layers}")
+        return layers
     if isinstance(model, SchemedModel):
         return model.blocks
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    model_type = getattr(config, "model_type", None)
     fam = known_family(model_type)
     if fam is None and model_type is not None and hasattr(model, "generate"):  # a causal LM outside the table
         fam = family_of_model(model)

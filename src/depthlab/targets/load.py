@@ -124,7 +124,8 @@ def _is_run_path(path: Path) -> bool:
 # ---------------------------------------------------------------------- loading
 def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                 scheme: str | None = None, progress: bool | None = None, stream: bool | None = False,
-                compute_dtype: torch.dtype | None = None, plan: EnginePlan | None = None) -> Target | StreamTarget:
+                compute_dtype: torch.dtype | None = None, plan: EnginePlan | None = None, tower: str = "language"
+                ) -> Target | StreamTarget:
     """Load what ``name`` designates (see the module docstring) on ``device``, its weights in ``dtype``.
 
     ``stream``: False loads the model into memory (a :class:`Target`); True opens it to be read one layer at a
@@ -135,9 +136,10 @@ def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
     ``dtype``, but fp32 for bf16 weights on a CPU, each linear layer upcast while it computes; bf16 arithmetic
     from fp32 weights is refused). ``scheme``: that of a ``preset:NAME`` target (default: the baseline); any
     other target has its own, so a scheme given for one is refused rather than ignored. ``progress``:
-    third-party loading bars (None: only on a terminal)."""
+    third-party loading bars (None: only on a terminal). ``tower``: the block list measured, language (every model's)
+    or vision (an image-text-to-text wrapper's: :mod:`depthlab.targets.wrappers`)."""
     device = torch.device(device)
-    plan = plan or plan_target(name, device, dtype, scheme, stream, compute_dtype)
+    plan = plan or plan_target(name, device, dtype, scheme, stream, compute_dtype, tower)
     compute = _compute_dtype(device, dtype, compute_dtype)
     if plan.streamed:
         from depthlab.targets.stream.open import open_streamed
@@ -145,19 +147,21 @@ def load_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
         target = open_streamed(name, device, dtype, compute, found=plan.found)
         target.plan = plan
         return target
-    target = _in_memory(name, device, dtype, compute, scheme, progress, plan)
+    target = _in_memory(name, device, dtype, compute, scheme, progress, plan, tower)
     target.plan = plan
     return target
 
 
 def plan_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                scheme: str | None = None, stream: bool | None = False, compute_dtype: torch.dtype | None = None
-                ) -> EnginePlan:
+                scheme: str | None = None, stream: bool | None = False, compute_dtype: torch.dtype | None = None,
+                tower: str = "language") -> EnginePlan:
     """What :func:`load_target` refuses before it reads anything (a path that does not exist, a ``scheme`` for a
-    target that has its own, a precision it cannot compute in), then the engine's plan
+    target that has its own, a precision it cannot compute in, a ``tower`` the model does not have or an image-text
+    wrapper depthlab cannot read: from config.json alone), then the engine's plan
     (:func:`depthlab.targets.engine.plan_engine`: for a checkpoint that can stream, config.json and the weight
     files' headers are read, no weight)."""
     check_local_target(name)  # a path that does not exist: one line, never a hub look-up
+    check_tower_target(name, tower)
     if scheme is not None and not name.startswith("preset:"):
         raise DepthlabError(f"--scheme {scheme} applies to preset:NAME targets only; {name!r} is loaded with the "
                             "scheme it was trained or converted with (drop --scheme)")
@@ -168,7 +172,7 @@ def plan_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
         from depthlab.hf.config_checks import check_model_dir
 
         check_model_dir(path)  # config.json's sizes and rules, the same for either engine
-    plan = plan_engine(name, device, dtype, stream)  # a family that cannot stream: refused from config.json alone
+    plan = plan_engine(name, device, dtype, stream, tower)  # a family that cannot stream: refused from config.json alone
     if path is not None:
         from depthlab.targets.stream.safetensors import safetensors_files, tensor_index
 
@@ -184,6 +188,21 @@ def _model_dir(name: str) -> Path | None:
     return path
 
 
+def check_tower_target(name: str, tower: str) -> None:
+    """``tower`` of the model ``name`` designates, refused in one line from config.json alone when the model does
+    not have it or is an image-text wrapper depthlab cannot read (:func:`depthlab.targets.wrappers.check_wrapper_dir`)."""
+    from depthlab.hf.wrappers import check_tower_name
+    from depthlab.targets.wrappers import check_wrapper_dir
+
+    check_tower_name(tower)
+    path = Path(name).expanduser()
+    if path.is_dir() and not _is_run_path(path):
+        check_wrapper_dir(path, tower)
+    elif tower != "language":
+        raise DepthlabError(f"--tower {tower}: {name!r} is not an image-text-to-text model directory; only such a "
+                            "wrapper has a vision tower (a text model has a language tower only)")
+
+
 def _compute_dtype(device: torch.device, dtype: torch.dtype, compute_dtype: torch.dtype | None) -> torch.dtype:
     """The arithmetic's dtype: ``compute_dtype``, by default the device's for ``dtype`` weights; refused when neither
     the weights' dtype nor float32."""
@@ -196,7 +215,7 @@ def _compute_dtype(device: torch.device, dtype: torch.dtype, compute_dtype: torc
 
 
 def _in_memory(name: str, device: torch.device, dtype: torch.dtype, compute: torch.dtype, scheme: str | None,
-               progress: bool | None, plan: EnginePlan) -> Target:
+               progress: bool | None, plan: EnginePlan, tower: str = "language") -> Target:
     path = Path(name).expanduser()
     if name in SHORT_NAMES:
         target = _short(name, dtype, progress)
@@ -204,7 +223,7 @@ def _in_memory(name: str, device: torch.device, dtype: torch.dtype, compute: tor
         target = _preset(name, scheme or BASELINE_SCHEME)
     elif path.exists():
         run = plan.found.run if plan.found is not None else None  # a run the plan opened: not read twice
-        target = _local(path, name, dtype, progress, run)
+        target = _local(path, name, dtype, progress, run, tower)
     elif "/" in name and not name.startswith((".", "/", "~")) and name.count("/") == 1:
         _check_hub_reachable(name)
         model = _causal_from_pretrained(name, dtype, progress)
@@ -222,7 +241,7 @@ def _in_memory(name: str, device: torch.device, dtype: torch.dtype, compute: tor
         target.info["compute_dtype"] = (f"{str(compute).replace('torch.', '')} ({str(dtype).replace('torch.', '')} "
                                         "weights, each linear layer upcast while it computes)")
     target.info["device"] = str(device)
-    find_layers(target.model)  # unsupported architectures fail here, before any data is read
+    find_layers(target.model, target.tower)  # unsupported architectures fail here, before any data is read
     return target
 
 
@@ -292,7 +311,8 @@ def _preset(name: str, scheme: str) -> Target:
     return Target(model, name, "depthlab", ByteTokenizer(), info, cfg.max_seq_len)
 
 
-def _local(path: Path, name: str, dtype: torch.dtype, show: bool | None, run: Any = None) -> Target:
+def _local(path: Path, name: str, dtype: torch.dtype, show: bool | None, run: Any = None,
+           tower: str = "language") -> Target:
     if path.is_file() and path.suffix == ".gguf":
         model = _causal_from_pretrained(str(path.parent), dtype, show, gguf_file=path.name)
         return Target(model, name, "hf-causal-lm", model_tokenizer(str(path.parent), gguf_file=path.name),
@@ -302,6 +322,10 @@ def _local(path: Path, name: str, dtype: torch.dtype, show: bool | None, run: An
 
         return run_target(path, name, run)
     if path.is_dir() and (path / "config.json").is_file():
+        from depthlab.targets.wrappers import image_text_config, wrapper_target
+
+        if image_text_config(path) is not None:  # an image-text-to-text wrapper: one of its towers
+            return wrapper_target(path, name, dtype, show, tower)
         if _is_encoder_dir(path):
             model = _encoder(str(path), dtype, show)
             return Target(model, name, "hf-encoder", model_tokenizer(str(path)), _hf_info(model, str(path)),

@@ -14,6 +14,9 @@ is measured on the whole state, ``(B, T, n·D)``, the definition depthlab's own 
 travel as one ``(B, T, n·D)`` tensor): angular distance, variance and removal all see every stream. The states
 returned are those flattened views; replay hands the blocks their own ``(B, T, n, D)`` shape back.
 
+Sequence-flat states: a block that passes ``(N, D)`` (Qwen-VL's vision blocks: every image's patches in one
+sequence) is measured as ``(1, N, D)``; replay hands it its own shape back.
+
 Replay (layer removal): for the duration of one call, the ``forward`` of the first layers is
 replaced by a function that returns the *cached* input of the first removed block (no compute),
 and removed blocks pass their input straight on. The model's own ``forward`` then runs everything
@@ -107,6 +110,7 @@ class ResidualCapture:
     forward: Callable[[torch.Tensor], torch.Tensor | None]
     _tuple_out: list[int] = field(default_factory=list, repr=False)
     _streams: tuple[int, ...] = field(default=(), repr=False)  # (n, D) of a multi-stream state; () for (B, T, D)
+    _flat: bool = field(default=False, repr=False)  # the blocks pass (N, D), measured as (1, N, D)
     _writes: list[dict[str, dict]] = field(default_factory=list, repr=False)  # block i: {argument: {key: value}} it wrote
     _writes_of: Any = field(default=None, repr=False)  # states[0] of the run that wrote _writes
     _writers: dict[int, set[str]] = field(default_factory=dict, repr=False)  # 1-based block -> "arg[key]" it writes
@@ -166,6 +170,9 @@ class ResidualCapture:
         if states[0].dim() == 4:  # (B, T, n, D): measured as the whole n-stream state
             self._streams = tuple(states[0].shape[2:])
             states = [st.flatten(2) for st in states]
+        self._flat = states[0].dim() == 2
+        if self._flat:  # (N, D): one sequence of N tokens
+            states = [st.unsqueeze(0) for st in states]
         self._remember_writes(writes, states[0])
         if keep_calls:
             for c, n in zip(calls, tuple_out):
@@ -205,8 +212,9 @@ class ResidualCapture:
     def _patched(self, states: Sequence[torch.Tensor] | None, skip: Iterable[int], start: int | None = None
                  ) -> Iterator[None]:
         """Blocks in ``skip`` (1-based) pass their input on. With cached ``states``, the blocks before
-        the first of them (or before ``start``, when given) are not computed either: block 1 emits the
-        cached input of that block, the others pass it on."""
+        the first of them (or before ``start``, when given) are not computed either: each emits its own cached
+        output, so what the model reads between blocks (transformers' recorded ``hidden_states``: LLaVA's
+        feature layer; Qwen3-VL's deepstack taps) is what the full forward read."""
         skip = sorted(set(skip))
         if (not skip and start is None) or (skip and (skip[0] < 1 or skip[-1] > self.n_layers)):
             raise ValueError(f"blocks to skip must lie in 1..{self.n_layers}, got {skip}")
@@ -223,9 +231,11 @@ class ResidualCapture:
         saved: dict[int, Any] = {}
 
         def make(i: int):  # i: 1-based block
-            n_out, emit = self._tuple_out[i - 1], states[first - 1] if (i == 1 and first > 1) else None  # type: ignore[index]
+            n_out, emit = self._tuple_out[i - 1], states[i] if (states is not None and i < first) else None
             if emit is not None and self._streams and emit.dim() == 3:
                 emit = emit.unflatten(-1, self._streams)
+            if emit is not None and self._flat and emit.dim() == 3:
+                emit = emit[0]
             wrote = self._replayed_writes(states, i) if (runs and i < first) else {}  # type: ignore[arg-type]
 
             def forward(*args, **kwargs):
@@ -298,4 +308,4 @@ class ResidualCapture:
 
 def capture_of(target: Any) -> ResidualCapture:
     """The capture of a :class:`~depthlab.targets.Target`: hooks on its layers, its own forward."""
-    return ResidualCapture(target.model, find_layers(target.model), target.forward_fn())
+    return ResidualCapture(target.model, find_layers(target.model, target.tower), target.forward_fn())

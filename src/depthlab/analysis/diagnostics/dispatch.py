@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlab.analysis.diagnostics import in_memory, streamed
+from depthlab.analysis.diagnostics.heldout import check_vision_data
 from depthlab.analysis.diagnostics.measures import Measures
 from depthlab.analysis.diagnostics.options import DiagnoseOptions
 from depthlab.base.errors import DepthlabError
@@ -90,7 +91,7 @@ def check_tuned_lens(request: Request, target: Any) -> None:
 
 
 #: The refusals of ``diagnose``, by stage (:class:`~depthlab.targets.frame.Checks`): a new one is one more entry.
-CHECKS = Checks(before_load=[check_options, check_data, check_mc_file, check_out],
+CHECKS = Checks(before_load=[check_options, check_data, check_mc_file, check_vision_data, check_out],
                 on_plan=[check_engine_options],
                 on_target=[check_blocks, check_seq_len, check_tuned_lens])
 

@@ -67,3 +67,64 @@ class TextBatches:
     def n_batches(self) -> int:
         """Batches asked for (fewer when the data is short)."""
         return -(-(self.requested // self.seq_len) // self.batch_size)
+
+
+def vision_items(spec: str, limit: int) -> list[Any]:
+    """The image-text items a wrapper's vision tower is measured on: ``builtin`` / ``builtin-shapes`` (pictures made
+    offline), an image folder (one sub-folder per class: each picture asked what it shows), or an image-text task
+    file or glob in MMMU's format; every item checked as it is read (a missing or unreadable image, a missing
+    answer: one line), before any model is loaded."""
+    from pathlib import Path
+
+    from depthlab.data.image_tasks import folder_task, load_image_task
+    from depthlab.data.shapes import builtin_image_task
+
+    if spec in ("builtin", "builtin-shapes"):
+        return builtin_image_task("builtin-shapes", limit).items
+    if Path(spec).is_dir():
+        return folder_task(spec, limit).items
+    return load_image_task(spec, limit).items
+
+
+def check_vision_data(request: Any) -> None:
+    """Before anything is loaded (a frame check of ``diagnose`` and ``prune``): the image-text items a vision tower is
+    asked to be measured on, read and checked whole (:func:`vision_items`: an unreadable or missing image, a missing
+    answer, one line)."""
+    opts = request.opts
+    if getattr(opts, "tower", "language") == "vision":
+        vision_items(opts.data, opts.images)
+
+
+class ImageTextBatches:
+    """Re-iterable (inputs, labels) of image-text items, one item a batch, for a wrapper's vision tower: ``inputs``
+    the wrapper's (its processor's output for the item's prompt followed by its answer), ``labels`` the next-token
+    targets of the answer's tokens only (:data:`IGNORE_INDEX` elsewhere): the removal of a vision block is measured
+    by the loss of the answer given the image and the question, what the language model does with the image."""
+
+    split = "items"
+    short = False
+    causal = True
+
+    def __init__(self, target: Any, opts: DiagnoseOptions) -> None:
+        from depthlab.analysis.evaluate.image_scoring import answer_inputs
+        from depthlab.targets.wrappers import processor_of
+
+        items = vision_items(opts.data, opts.images)
+        processor = processor_of(target)
+        model_type = target.info.get("model_type")
+        self.rows = [answer_inputs(processor, item, model_type) for item in items]
+        self.n_batches = len(self.rows)
+        self.seq_len = max(ids.shape[1] for ids, _ in ((r[0]["input_ids"], None) for r in self.rows))
+        self.requested = len(self.rows)
+        self.device = target.device
+        self.dtype = next(target.model.parameters()).dtype if hasattr(target, "model") else None
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        for inputs, labels in self.rows:
+            yield ({k: v.to(self.device, self.dtype if v.is_floating_point() and self.dtype else v.dtype)
+                    for k, v in inputs.items()}, labels.to(self.device))
+
+
+def held_out(target: Any, opts: DiagnoseOptions) -> TextBatches | ImageTextBatches:
+    """What a target is measured on: held-out text, or image-text items for a wrapper's vision tower."""
+    return ImageTextBatches(target, opts) if target.kind == "hf-image-text" else TextBatches(target, opts)

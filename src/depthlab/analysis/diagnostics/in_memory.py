@@ -19,7 +19,7 @@ from torch import nn
 
 from depthlab.analysis.diagnostics.capture import ResidualCapture, capture_of
 from depthlab.analysis.diagnostics.depthmap import DepthMap
-from depthlab.analysis.diagnostics.heldout import TextBatches
+from depthlab.analysis.diagnostics.heldout import held_out
 from depthlab.analysis.diagnostics.jacobian import block_jacobians
 from depthlab.analysis.diagnostics.lens import tuned_lens_compare
 from depthlab.analysis.diagnostics.measures import Fed, Measures, no_text
@@ -35,13 +35,13 @@ log = logging.getLogger(__name__)
 
 def layers(target: Any) -> list[nn.Module]:
     """The blocks of the loaded model (what the measures are built for)."""
-    return list(find_layers(target.model))
+    return list(find_layers(target.model, target.tower))
 
 
 def feed(target: Any, opts: DiagnoseOptions, measures: Measures) -> Fed:
     """Every measure of ``measures`` over the held-out batches of ``target`` (loaded in memory)."""
     cap = capture_of(target)
-    batches = target.batches_for(opts) if target.batches_for is not None else TextBatches(target, opts)
+    batches = target.batches_for(opts) if target.batches_for is not None else held_out(target, opts)
     jac_seqs = _pass(cap, batches, target, opts, measures)
     if opts.tuned_lens and measures.lens is not None:
         measures.tuned_lens = _tuned_lens(cap, batches, opts)
@@ -67,7 +67,7 @@ def _pass(cap: ResidualCapture, batches: Any, target: Any, opts: DiagnoseOptions
     desc = "residual stream" + (" + removal sweep" if m.removal else "") + (" + sublayers" if m.sublayers else "") + (
         " + logit lens" if m.lens else "")
     jac_seqs: list[torch.Tensor] = []
-    n_batches = -(-(batches.requested // batches.seq_len) // opts.batch_size)
+    n_batches = batches.n_batches
     with progress(n_batches * passes, desc, "pass", opts.progress) as bar:
         for x, y in batches:
             logits, states, calls = cap.run(x, keep_calls=True)
@@ -81,7 +81,7 @@ def _pass(cap: ResidualCapture, batches: Any, target: Any, opts: DiagnoseOptions
                 m.lens.update(cap, x, y, logits, states, on_state=lambda: bar.update(1))
             elif target.causal:
                 m.add_loss(*nll_sum(logits, y))
-            if len(jac_seqs) < opts.jac_samples:
+            if opts.jacobian and len(jac_seqs) < opts.jac_samples:
                 jac_seqs.extend(row.detach() for row in x[: opts.jac_samples - len(jac_seqs)])
             del logits, states, calls
     if m.angular.count == 0:

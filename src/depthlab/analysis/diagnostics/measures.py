@@ -36,6 +36,13 @@ from depthlab.targets.branches import check_sublayers
 
 log = logging.getLogger(__name__)
 
+#: The kind of target that is an image-text wrapper's vision tower (depthlab.targets.wrappers).
+IMAGE_TEXT = "hf-image-text"
+#: What the report of a vision tower says of its removal measure, and of what it does not measure.
+VISION_REMOVAL = ("the loss of each image-text item's answer given its image and question, with the vision block "
+                  "removed (the language model's use of the image)")
+VISION_NOT_MEASURED = ("attention / MLP units, the logit lens and block Jacobians (they read a decoder's stream), "
+                       "the multiple-choice drop (a text task)")
 ANGULAR_LAYOUT = ("matrix[n-1][l-1] = d(x^l, x^{l+n}) = mean over tokens of arccos(cos)/pi; x^l = input of block l, "
                   "x^{L+1} = output of block L; null where l+n > L+1")
 
@@ -58,19 +65,20 @@ class Measures:
         """The measures ``opts`` asks for that ``target`` allows: removal, units, lens and multiple choice for causal
         LMs; the units only for blocks whose branches depthlab knows (else whole blocks, said in one line)."""
         L, causal = len(layers), target.causal
+        text = causal and target.kind != IMAGE_TEXT  # a vision tower: its states and the answers' loss only
         removal = RemovalAccumulator(L) if opts.removal and causal else None
         sublayers = None
-        if opts.sublayers and causal:
+        if opts.sublayers and text:
             try:
                 check_sublayers(layers)
                 sublayers = SublayerAccumulator(L, removal=removal is not None)
             except DepthlabError as err:  # a family whose blocks name their branches otherwise: whole blocks only
                 log.info("no attention/MLP units for %s: %s", target.name, err)
         mc = None
-        if opts.mc and causal and target.tokenizer is not None:
+        if opts.mc and text and target.tokenizer is not None:
             mc = MCAccumulator(load_mc(opts.mc, opts.mc_limit), L)
         return cls(L, AngularAccumulator(L + 1), VarianceAccumulator(L + 1), removal, sublayers,
-                   LensAccumulator(L) if opts.lens and causal else None, mc)
+                   LensAccumulator(L) if opts.lens and text else None, mc)
 
     # ------------------------------------------------------------------ fed by the engines
     def add_states(self, states: Sequence[Any]) -> None:
@@ -122,6 +130,10 @@ class Measures:
         if self.mc is not None:
             report["mc"] = {**self.mc.result(), "file": str(opts.mc)}
         report.update(self.extra)
+        if target.kind == IMAGE_TEXT:
+            report["not_measured"] = VISION_NOT_MEASURED
+            if "removal" in report:
+                report["removal"]["measure"] = VISION_REMOVAL
         if "removal" in report:
             check = joint if opts.joint_check else None
             report["removal"]["removable"] = removable_blocks(report["removal"], opts.loss_budget, check)

@@ -14,8 +14,12 @@ class DiagnoseOptions:
     """Options of :func:`depthlab.analysis.diagnostics.diagnose`. ``depthlab diagnose`` sizes ``tokens`` and ``jacobian``
     to the device when they are not given (see ``depthlab.cli.diagnose``)."""
 
+    # ---- what is measured
+    tower: str = "language"  # an image-text wrapper's tower: language (on text) or vision (on image-text items)
     # ---- data
-    data: str = "builtin"  # evaluation text: builtin, a .txt/.jsonl/.parquet, dir, glob, hf:NAME
+    data: str = "builtin"  # evaluation text: builtin, a .txt/.jsonl/.parquet, dir, glob, hf:NAME; --tower vision:
+    #                        builtin (builtin-shapes), an image-text task file or glob (MMMU's format), an image folder
+    images: int = 64  # --tower vision: image-text items (each item's answer is scored given its image and question)
     split: str = "auto"  # split of data; auto: val for builtin data and depthlab runs, else all
     tokens: int = 16384  # evaluation tokens, rounded up to whole sequences (diagnose: sized to the device)
     seq_len: int = 256  # tokens per sequence (diagnose: 256, or the model's context when shorter)
@@ -48,6 +52,10 @@ class DiagnoseOptions:
         def flag(name: str) -> str:
             return prefix + name.replace("_", "-")
 
+        from depthlab.hf.wrappers import check_tower_name
+
+        check_tower_name(self.tower)
+        check_int(flag("images"), self.images, 1, MAX_TOKENS)
         if self.split not in SPLITS:
             raise DepthlabError(f"unknown {flag('split')} {self.split!r}; {choices(SPLITS)}")
         for name, low in (("tokens", 1), ("seq_len", 2), ("batch_size", 1), ("jac_samples", 1), ("jac_context", 1),

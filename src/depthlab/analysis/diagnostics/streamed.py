@@ -134,13 +134,17 @@ class MeasuresConsumer:
 
 
 def layers(target: Any) -> list[nn.Module]:
-    """The blocks of the streamed model's skeleton (on the meta device: their classes, no weights)."""
-    return list(target.source.layers)
+    """The blocks of the streamed model's skeleton (on the meta device: their classes, no weights); a wrapper's
+    vision tower: its vision blocks."""
+    return list(target.source.vision_blocks() if target.tower == "vision" else target.source.layers)
 
 
 def feed(target: Any, opts: DiagnoseOptions, measures: Measures, settings: SweepSettings) -> Fed:
     """Every measure of ``measures`` over the held-out batches of ``target`` (read one layer at a time), in one
-    sweep; the sweep's progress saved in ``settings.state_dir`` when it is set."""
+    sweep; the sweep's progress saved in ``settings.state_dir`` when it is set. A wrapper's vision tower:
+    :func:`feed_vision`."""
+    if target.tower == "vision":
+        return feed_vision(target, opts, measures, settings)
     sweeper = Sweeper(target, settings)
     batches = TextBatches(target, opts)
     text = [SweepBatch(x, y) for x, y in batches]
@@ -173,3 +177,70 @@ def engine_record(sweeper: Sweeper, target: Any) -> dict[str, Any]:
             "checkpoint_bytes": src.store.nbytes(), "peak_weight_bytes": src.store.meter.peak,
             "stream_bytes": st.lane_bytes, "resumed": st.resumed, "sweep_seconds": round(st.seconds, 2),
             "jacobian": JACOBIAN_NOTE}
+
+
+# ---------------------------------------------------------------------------------------------- a vision tower
+class VisionConsumer:
+    """The language sweep of a wrapper's vision tower: each batch is one image-text item in one vision lane (its
+    ``payload``: 0 the model, l the model without vision block l); its logits give that lane's answer loss."""
+
+    def __init__(self, measures: Measures) -> None:
+        self.m = measures
+
+    def logits(self, lane: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
+        s, n = nll_sum(logits, batch.labels)
+        m, l = self.m, batch.payload
+        if m.removal is None:
+            m.add_loss(s, n)
+        elif l == 0:
+            m.removal.base, m.removal.count = m.removal.base + s, m.removal.count + n
+        else:
+            m.removal.removed[l - 1] += s
+
+    def states(self, index: int, batch: SweepBatch, states: list[torch.Tensor]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.m.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.m.load_state_dict(state)
+
+
+def vision_lanes(rows: list[tuple[dict, torch.Tensor]], lanes: list[tuple[int, tuple[int, ...]]]) -> list[SweepBatch]:
+    """One sweep batch per (image-text item, vision lane): the item's ids, answer labels and inputs, the lane's
+    skipped vision blocks (:data:`~depthlab.targets.stream.wrapper.SKIP`), its number as the payload."""
+    from depthlab.targets.stream.wrapper import SKIP
+
+    out = []
+    for payload, skip in lanes:
+        for inputs, labels in rows:
+            rest = {k: v for k, v in inputs.items() if k != "input_ids"}
+            out.append(SweepBatch(inputs["input_ids"], labels, payload, states=False, inputs={**rest, SKIP: skip}))
+    return out
+
+
+def feed_vision(target: Any, opts: DiagnoseOptions, measures: Measures, settings: SweepSettings) -> Fed:
+    """A wrapper's vision tower, streamed: its states on each item's images (the vision tower read whole, the
+    language blocks not run), then one sweep of the language tower carrying every (item, vision lane) batch: the
+    model, and the model without each vision block (its removal measured by the answers' loss)."""
+    from depthlab.analysis.diagnostics.heldout import ImageTextBatches
+
+    src = target.source
+    batches = ImageTextBatches(target, opts)
+    with src.images():
+        for inputs, _ in batches.rows:
+            measures.add_states(src.vision_states(inputs["input_ids"].to(target.device), inputs))
+    lanes = [(0, ())] + ([(l, (l,)) for l in range(1, measures.n_layers + 1)] if measures.removal else [])
+    sweeper = Sweeper(target, settings)
+    sweeper.sweep("diagnose-vision", vision_lanes(batches.rows, lanes), [Lane("base")], False,
+                  VisionConsumer(measures))
+
+    def joint(skip: list[int]) -> float:
+        consumer = LossConsumer(1)
+        sweeper.sweep("joint-vision-" + "-".join(map(str, sorted(skip))),
+                      vision_lanes(batches.rows, [(0, tuple(sorted(skip)))]), [Lane("base")], False, consumer,
+                      show=False)
+        return consumer.loss(0)
+
+    return Fed(batches, joint, lambda: engine_record(sweeper, target))

@@ -30,8 +30,14 @@ from depthlab.base.progress import progress as progress_bar
 from depthlab.data.image_tasks import IMAGE, ImageItem, ImageTask
 
 
-def image_marker(processor: Any) -> str:
-    """The text a processor expands into an image's tokens."""
+def image_marker(processor: Any, model_type: str | None = None) -> str:
+    """The text a processor expands into an image's tokens: the wrapper entry's (``Wrapper.marker``: Qwen-VL's pad
+    between its vision start and end tokens, whose positions its M-RoPE reads), else the processor's image token."""
+    from depthlab.hf.wrappers import WRAPPERS
+
+    wrapper = WRAPPERS.get(model_type or "")
+    if wrapper is not None and wrapper.marker:
+        return wrapper.marker
     marker = getattr(processor, "image_token", None) or getattr(getattr(processor, "tokenizer", None), "image_token", None)
     if not marker:
         raise DepthlabError(f"{type(processor).__name__} names no image token (processor.image_token); it cannot "
@@ -39,11 +45,13 @@ def image_marker(processor: Any) -> str:
     return str(marker)
 
 
-def prompt(item: ImageItem, processor: Any, chat_template: bool = False) -> tuple[str, tuple[str, ...]]:
-    """(the context as the processor reads it, the continuations) of ``item``."""
+def prompt(item: ImageItem, processor: Any, chat_template: bool = False, model_type: str | None = None
+           ) -> tuple[str, tuple[str, ...]]:
+    """(the context as the processor reads it, the continuations) of ``item``; ``model_type``: the wrapper's (its
+    image marker, :func:`image_marker`)."""
     context = item.context()
     if not chat_template:
-        return context.replace(IMAGE, image_marker(processor)), item.continuations()
+        return context.replace(IMAGE, image_marker(processor, model_type)), item.continuations()
     if not getattr(processor, "chat_template", None):
         raise DepthlabError(f"{type(processor).__name__} has no chat template; score without --chat-template")
     body = context.removesuffix("\nAnswer:")
@@ -60,7 +68,11 @@ def prompt(item: ImageItem, processor: Any, chat_template: bool = False) -> tupl
 
 def _inputs(processor: Any, text: str, images: Sequence[Any], device: torch.device) -> dict[str, torch.Tensor]:
     out = processor(text=[text], images=[list(images)] if images else None, return_tensors="pt")
-    return {k: v.to(device) for k, v in out.items() if isinstance(v, torch.Tensor)}
+    return {k: v.to(device) for k, v in out.items() if isinstance(v, torch.Tensor) and k not in NOT_INPUTS}
+
+
+#: What some processors return that is not a model input (PaliGemma's processor makes training labels).
+NOT_INPUTS = ("labels",)
 
 
 def _loglik(model: Any, inputs: dict[str, torch.Tensor], n_cont: int) -> torch.Tensor:
@@ -77,7 +89,7 @@ def item_logliks(model: Any, processor: Any, item: ImageItem, chat_template: boo
     """The summed log-likelihood of each choice's continuation."""
     device = next(model.parameters()).device
     images = [ref.open() for ref in item.images]
-    context, conts = prompt(item, processor, chat_template)
+    context, conts = prompt(item, processor, chat_template, getattr(getattr(model, "config", None), "model_type", None))
 
     def encode(text: str) -> list[int]:
         return _inputs(processor, text, images, torch.device("cpu"))["input_ids"][0].tolist()
@@ -112,3 +124,22 @@ def score_image_loglik(model: Any, processor: Any, task: ImageTask, *, chat_temp
         bar.update(1)
     bar.close()
     return MCScores(lls, task)  # type: ignore[arg-type] - an ImageItem has .choices and .gold, all MCScores reads
+
+
+def answer_inputs(processor: Any, item: ImageItem, model_type: str | None = None
+                  ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(the wrapper's inputs for ``item``'s prompt followed by its answer, the next-token labels (1, T) of the
+    answer's tokens, -100 elsewhere): the context is split from the answer as :func:`encode_pair` splits a choice
+    (the context's own tokens, then the rest), so the answer's loss is the one the scoring sums."""
+    from depthlab.data.batches import IGNORE_INDEX
+
+    images = [ref.open() for ref in item.images]
+    context, conts = prompt(item, processor, False, model_type)
+    inputs = _inputs(processor, context + conts[item.gold], images, torch.device("cpu"))
+    ids = inputs["input_ids"][0]
+    n_ctx = _inputs(processor, context, images, torch.device("cpu"))["input_ids"].shape[1]
+    if not 0 < n_ctx < ids.shape[0]:
+        raise DepthlabError(f"{item.source}: the answer {conts[item.gold]!r} encodes to no token after its context")
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[n_ctx - 1: -1] = ids[n_ctx:]
+    return inputs, labels[None]

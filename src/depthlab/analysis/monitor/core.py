@@ -37,6 +37,7 @@ from torch import nn
 from depthlab.analysis.diagnostics.probes import depth_probe, grad_norm_tensor
 from depthlab.analysis.monitor.names import probe_scalars
 from depthlab.base.errors import DepthlabError
+from depthlab.hf.wrappers import WRAPPERS, text_forward
 from depthlab.targets.layers import find_layers
 
 LayersArg = str | nn.Module | Sequence[nn.Module] | None
@@ -81,8 +82,13 @@ def logits_of(out: Any) -> torch.Tensor:
 
 
 def default_forward(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``ids -> logits`` for ``model``: ``model(ids)`` (HF models: ``use_cache=False``) read by :func:`logits_of`."""
-    if getattr(getattr(model, "config", None), "use_cache", None) is not None:
+    """``ids -> logits`` for ``model``: ``model(ids)`` (HF models: ``use_cache=False``) read by :func:`logits_of`; an
+    image-text wrapper's text-only forward (:func:`depthlab.hf.wrappers.text_forward`: Llama 4's through its
+    language model)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) in WRAPPERS:
+        return text_forward(model)
+    if getattr(config, "use_cache", None) is not None:
         return lambda ids: logits_of(model(input_ids=ids, use_cache=False))
     return lambda ids: logits_of(model(ids))
 

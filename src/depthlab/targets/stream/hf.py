@@ -119,22 +119,20 @@ class HFLayerSource(LayerSource):
 
     def __init__(self, path: Path, store: TensorStore, device: torch.device, dtype: torch.dtype,
                  compute_dtype: torch.dtype) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
-        from depthlab.hf.families import family_of, split_path
+        from depthlab.hf.families import split_path
         from depthlab.hf.lns import apply_layernorm_scaling, layernorm_scaling_marker
 
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
-        self.family = family_of(config, "stream")  # a row, or the layout inferred
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=compute_dtype)
+        self.family, model = self._skeleton(config, compute_dtype)
         if layernorm_scaling_marker(model.config) is not None:
             apply_layernorm_scaling(model)  # hooks on the meta layers' norms: they stay through every load
         self.skeleton = model.eval()
         self.owner, self.layers_attr = split_path(model, self.family.layers)
         self.final_norm_attr = split_path(model, self.family.final_norm)
         self.collapse_attr = split_path(model, self.family.collapse) if self.family.collapse else None
-        self.base_attr = self.family.layers.split(".")[0]  # the LM's base model, under its head
+        self.lm, self.base_attr = self._lm(model)  # the module making the logits, and its base model's name in it
         names = self._names()
         embed, head = model.get_input_embeddings(), model.get_output_embeddings()
         tied = {f"{names[id(head)]}.weight": f"{names[id(embed)]}.weight"} if head.weight is embed.weight else {}
@@ -147,10 +145,26 @@ class HFLayerSource(LayerSource):
                 self._fill_computed(m)  # rotary tables: small and computed, not stored; built once on the device
         self.embed_modules = tuple(m for m in inner if m.state_dict())
         self.head_modules = (*after, head)
-        n = int(getattr(config, self.family.streams)) if self.family.streams else 1
-        self.streams = (n, config.hidden_size) if self.family.streams else ()
-        self.state_width = n * config.hidden_size
+        text = config.get_text_config()  # the config itself, or an image-text wrapper's text_config
+        n = int(getattr(text, self.family.streams)) if self.family.streams else 1
+        self.streams = (n, text.hidden_size) if self.family.streams else ()
+        self.state_width = n * text.hidden_size
         self._tokens: dict[tuple, list[dict[str, torch.Tensor]]] = {}  # per-token block inputs, by batch
+
+    def _skeleton(self, config: Any, compute_dtype: torch.dtype) -> tuple[Any, nn.Module]:
+        """(the family's entry, the model on the meta device): transformers' causal LM of the config (an image-text
+        wrapper's tower: :class:`depthlab.targets.stream.wrapper.WrapperLayerSource`)."""
+        from transformers import AutoModelForCausalLM
+
+        from depthlab.hf.families import family_of
+
+        family = family_of(config, "stream")  # a row, or the layout inferred
+        with torch.device("meta"):
+            return family, AutoModelForCausalLM.from_config(config, dtype=compute_dtype)
+
+    def _lm(self, model: nn.Module) -> tuple[nn.Module, str]:
+        """(the module whose forward makes the logits, the name of its base model in it): the causal LM itself."""
+        return model, self.family.layers.split(".")[0]
 
     # ------------------------------------------------------------------ checkpoint keys
     def keys_of(self, module: nn.Module) -> list[str]:
@@ -161,7 +175,8 @@ class HFLayerSource(LayerSource):
         prefix = self._names()[id(module)]
         out: list[str] = []
         for key in (f"{prefix}.{k}" if prefix else k for k in module.state_dict()):
-            out.extend(self.sources.get(key) or [key if key in self.store else self.aliases.get(key, key)])
+            alias = self.aliases.get(key, key)  # a tied head: the embedding's key, where the checkpoint stores it
+            out.extend(self.sources.get(key) or ([key] if key in self.store else self.sources.get(alias) or [alias]))
         return list(dict.fromkeys(out))
 
     def materialise(self, module: nn.Module) -> None:
@@ -203,7 +218,11 @@ class HFLayerSource(LayerSource):
             for n in meta:
                 setattr(sub, n, torch.empty_like(getattr(sub, n), device=self.device))
             with torch.no_grad():
-                self.skeleton._init_weights(sub)
+                self._initialiser(sub)._init_weights(sub)
+
+    def _initialiser(self, module: nn.Module) -> nn.Module:
+        """The transformers model whose ``_init_weights`` makes ``module``'s computed buffers: the skeleton."""
+        return self.skeleton
 
     # ------------------------------------------------------------------ embedding, head, calls
     @contextlib.contextmanager
@@ -290,8 +309,8 @@ class HFLayerSource(LayerSource):
                 h = h.unflatten(-1, self.streams) if self.streams else h
                 for m in after:
                     h = m(h)
-                with swapped(self.skeleton, {self.base_attr: _Given(h)}):
-                    return self.skeleton(input_ids=ids, use_cache=False).logits
+                with swapped(self.lm, {self.base_attr: _Given(h)}):
+                    return self.lm(input_ids=ids, use_cache=False).logits
             yield head
         finally:
             for m in self.head_modules:

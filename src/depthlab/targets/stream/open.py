@@ -43,6 +43,8 @@ class StreamTarget:
     batches_for: Callable[[Any], Any] | None = None
     causal: bool = True
     plan: Any = None  # the EnginePlan that chose to stream it (depthlab.targets.engine), when one did
+    tower: str = "language"  # an image-text wrapper's tower measured (its vision tower: kind "hf-image-text")
+    processor: Any = None  # an image-text wrapper's processor (depthlab.targets.wrappers.processor_of), once loaded
 
     @property
     def n_params(self) -> int:
@@ -58,12 +60,14 @@ class Located:
     files: tuple[Path, ...]
     config: dict[str, Any]  # HF config.json, or the run's config.json
     run: Any = field(default=None, compare=False)  # a run: its checkpoint opened (depthlab.targets.runs.RunCheckpoint)
+    tower: str = "language"  # an image-text wrapper's tower to read (depthlab.targets.stream.wrapper)
 
 
-def locate(name: str) -> Located | str:
-    """The streamable checkpoint ``name`` designates, or a sentence saying why it is not streamable."""
+def locate(name: str, tower: str = "language") -> Located | str:
+    """The streamable checkpoint ``name`` designates (``tower``: of an image-text wrapper), or a sentence saying why
+    it is not streamable."""
     from depthlab.hf.config_checks import check_model_dir
-    from depthlab.hf.families import check_config, family_of
+    from depthlab.hf.wrappers import check_tower
 
     path = Path(name).expanduser()
     if not path.is_dir():
@@ -76,21 +80,21 @@ def locate(name: str) -> Located | str:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as err:
         return f"its config.json is unreadable ({first_line(err)[:100]})"
-    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return "its config.json is not a JSON object"
     try:
         check_model_dir(path)  # config.json's sizes and rules (the same for either engine), before anything is built
-        fam = family_of(config if model_type is not None else None, "stream")  # a row, or the layout inferred
-        check_config(config, "stream")  # what this config of the family cannot do (Gemma 4's KV sharing)
+        fam = check_tower(config, tower, "stream")  # a row, a wrapper's tower or the layout inferred; config limits
         if fam.inferred:  # checked on a small model of the same family and flags, before any weight is read
             from depthlab.targets.stream.agree import require_agreement
 
-            require_agreement(config, model_type)
+            require_agreement(config, config.get("model_type"))
     except DepthlabError as err:
         return first_line(err)
     files = safetensors_files(path)
     if not files:
         return f"{name!r} holds no *.safetensors weights (streaming memory-maps safetensors files)"
-    return Located("hf", path, tuple(files), config)
+    return Located("hf", path, tuple(files), config, tower=tower)
 
 
 def _locate_run(path: Path) -> Located | str:
@@ -130,7 +134,10 @@ def open_streamed(name: str, device: str | torch.device = "cpu", dtype: torch.dt
         check_source(target.source, str(found.path))  # the whole checkpoint, before the first layer
         return target
     from depthlab.data.tokenizers import model_tokenizer
+    from depthlab.hf.wrappers import wrapper_of
 
+    if wrapper_of(found.config) is not None:
+        return _wrapper_target(found, name, store, device, dtype, compute_dtype)
     source = HFLayerSource(found.path, store, device, dtype, compute_dtype)
     check_source(source, str(found.path))  # the whole checkpoint, before the first layer
     cfg = source.skeleton.config
@@ -143,6 +150,26 @@ def open_streamed(name: str, device: str | torch.device = "cpu", dtype: torch.dt
             "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
     return StreamTarget(source, name, "hf-causal-lm", model_tokenizer(found.path), info,
                         getattr(cfg, "max_position_embeddings", None), device, found.path)
+
+
+def _wrapper_target(found: Located, name: str, store: TensorStore, device: torch.device, dtype: torch.dtype,
+                    compute_dtype: torch.dtype) -> StreamTarget:
+    """An image-text-to-text wrapper: its language tower read one layer at a time, on text or on image-text batches
+    (the vision tower's measure: :mod:`depthlab.targets.stream.wrapper`)."""
+    from depthlab.data.tokenizers import model_tokenizer
+    from depthlab.targets.stream.wrapper import WrapperLayerSource
+    from depthlab.targets.wrappers import wrapper_info
+
+    source = WrapperLayerSource(found.path, store, device, dtype, compute_dtype)
+    check_source(source, str(found.path))  # the whole checkpoint (both towers), before the first layer
+    cfg = source.skeleton.config
+    n_layers = source.n_layers if found.tower == "language" else len(source.vision_blocks())
+    info = {**wrapper_info(cfg, found.path, found.tower, n_layers, sum(i.numel for i in store.index.values())),
+            "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
+    kind = "hf-causal-lm" if found.tower == "language" else "hf-image-text"
+    return StreamTarget(source, name, kind, model_tokenizer(found.path), info,
+                        getattr(cfg.get_text_config(), "max_position_embeddings", None), device, found.path,
+                        tower=found.tower)
 
 
 def _run_target(found: Located, name: str, store: TensorStore, device: torch.device, dtype: torch.dtype,

@@ -113,6 +113,9 @@ def fingerprint(name: str, source: Any, batches: Sequence[Any], lanes: Sequence[
         h.update(b.ids.cpu().numpy().tobytes())
         if b.labels is not None:
             h.update(b.labels.cpu().numpy().tobytes())
+        for name, value in sorted((b.inputs or {}).items()):  # an image-text batch: its pixels, the blocks it skips
+            h.update(name.encode())
+            h.update(value.cpu().numpy().tobytes() if hasattr(value, "cpu") else repr(value).encode())
     return h.hexdigest()
 
 

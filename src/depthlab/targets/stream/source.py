@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -140,6 +140,11 @@ class LayerSource:
         keys = [f"{prefix}.{k}" if prefix else k for k in module.state_dict()]
         return [self.aliases.get(k, k) if k not in self.store else k for k in keys]
 
+    def stored_modules(self) -> tuple[nn.Module, ...]:
+        """Every module whose tensors the checkpoint stores and this source may read (checked whole before the
+        first layer: :mod:`~depthlab.targets.stream.verify`): the embedding, the layers, the head."""
+        return (*self.embed_modules, *self.layers, *self.head_modules)
+
     def layer_nbytes(self, i: int) -> int:
         """Bytes layer ``i`` (0-based) occupies in the checkpoint."""
         return self.store.nbytes(self.keys_of(self.layers[i]))
@@ -231,6 +236,11 @@ class LayerSource:
                 raise DepthlabError("the model's forward did not call every layer; cannot stream it")
             self._calls[seq_len] = [self._bind(i, c) for i, c in enumerate(calls)]  # type: ignore[arg-type]
         return self._calls[seq_len]
+
+    def calls_for(self, batch: Any) -> list[Call]:
+        """How the model calls each layer on a sweep's ``batch`` (:class:`~depthlab.targets.stream.sweep.SweepBatch`):
+        by its length (token ids alone), or as recorded from that batch's own inputs (an image-text batch)."""
+        return self.layer_calls(batch.ids.shape[1])
 
     def _after_layers_off(self) -> contextlib.AbstractContextManager:
         """What the model applies after its last block (the final norm) replaced by identities."""

@@ -55,6 +55,9 @@ class SweepBatch:
     labels: torch.Tensor | None = None  # (B, T) next-token targets of held-out text; None for other batches
     payload: Any = None  # what the consumer needs besides (multiple choice: the chunk of choices)
     states: bool = True  # the base lane's states of this batch go to the consumer (held-out text)
+    inputs: dict[str, Any] | None = None  # the model's inputs beside the ids (an image-text batch: pixels, image
+    #                                       sizes, token types, the vision blocks skipped): its embedding and layer
+    #                                       calls are made from them (the source's ``embed`` and ``calls_for``)
 
 
 class Consumer(Protocol):
@@ -255,7 +258,8 @@ class Sweeper:
         with self.source.embedding() as embed:
             for b in batches:
                 buf = self._empty(b, n_slots)
-                buf[0] = embed(b.ids.to(self.target.device))
+                ids = b.ids.to(self.target.device)
+                buf[0] = embed(ids) if b.inputs is None else embed(ids, b.inputs)
                 bufs.append(buf)
         return bufs
 
@@ -283,7 +287,7 @@ class Sweeper:
         with self.source.layer(j - 1) as layer:
             for i, (batch, buf) in enumerate(zip(batches, bufs)):
                 B, T = batch.ids.shape
-                call = self.source.layer_calls(T)[j - 1]
+                call = self.source.calls_for(batch)[j - 1]
                 step = max(1, max_rows // (B * T))
                 for a, b, units in runs:
                     with zeroed(*(unit_modules([layer], u)[0] for u in units)):
