@@ -80,7 +80,7 @@ def test_effective_depth_counts_the_blocks_whose_removal_costs_more_than_the_thr
     assert eff["blocks"] == [1, 2] and eff["n"] == 2 and eff["share"] == pytest.approx(2 / 6)
     assert eff["threshold_nats"] == pytest.approx(0.04) and eff["n_layers"] == 6
     assert effective_depth(removal, 0.0)["blocks"] == [1, 2, 3, 6]
-    assert deep_pairs([5, 6, 7, 8], 8) == [5, 6, 7] and deep_pairs([3], 3) == []
+    assert deep_pairs([5, 6, 7, 8], 8) == [4, 5, 6, 7] and deep_pairs([3], 3) == [2] and deep_pairs([1], 1) == []
 
 
 def test_no_swap_leaves_the_section_out_and_effective_depth_in(tmp_path):

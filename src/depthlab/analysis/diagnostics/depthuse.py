@@ -118,14 +118,14 @@ def effective_depth(removal: dict[str, Any], threshold: float) -> dict[str, Any]
 
 
 def deep_pairs(deep: Sequence[int], n_layers: int) -> list[int]:
-    """The swap pairs (l, l+1) inside the blocks ``deep`` (1-based): l and l+1 both in it."""
-    inside = set(deep)
-    return [l for l in sorted(inside) if l + 1 in inside and l + 1 <= n_layers]
+    """The swap pairs (l-1, l) of the blocks l in ``deep`` (1-based), by their first block: each block swapped with
+    the one before it, one pair per block as the removal test has one number per block (block 1 has none)."""
+    return [l - 1 for l in sorted(set(deep)) if 1 < l <= n_layers]
 
 
 def depth_use_columns(report: dict[str, Any], deep: Sequence[int]) -> dict[str, float]:
-    """A report's depth-use numbers as ``compare``'s table columns: the mean swap Δloss of the pairs inside the
-    blocks ``deep`` (the deepest third), the effective depth and its share of L (absent where not measured)."""
+    """A report's depth-use numbers as ``compare``'s table columns: the mean swap Δloss of the blocks ``deep`` (the
+    deepest third; :func:`deep_pairs`), the effective depth and its share of L (absent where not measured)."""
     out: dict[str, float] = {}
     swap = (report.get("swap") or {}).get("delta_loss")
     if swap is not None:
