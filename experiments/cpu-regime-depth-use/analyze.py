@@ -17,10 +17,15 @@ from pathlib import Path
 
 from depthlab.analysis.plots.compare import across_cells
 from depthlab.compare.experiment import aggregate, last_probe, run_row
+from depthlab.analysis.diagnostics.depthuse import effective_depth
 from depthlab.compare.table import COLUMNS, format_cell
 from depthlab.models.schemes import SchemeSpec
 
-MEASURES = ("eval_loss", "deep_removal_drop", "deep_swap_drop", "deep_angular", "deep_contribution", "effective_depth")
+MEASURES = ("eval_loss", "deep_removal_drop", "deep_swap_drop", "deep_angular", "deep_contribution", "effective_depth",
+            "effective_depth_0.1%")
+#: effective depth at a tenth of diagnose's default threshold (0.1 % of the loss): at this scale few blocks pass 1 %.
+#: compare's aggregate() and format_cell() read its COLUMNS: the extra column joins them for this script.
+COLUMNS["effective_depth_0.1%"] = ("effective depth at 0.1 % (blocks)", "{:.1f}")
 SCHEMES = ["pre", "lns"]
 
 
@@ -36,8 +41,9 @@ def collect(root: Path) -> dict[str, list[dict]]:
     for report in sorted(root.glob("**/runs/*/diagnostics/report.json")):
         run = report.parent.parent
         scheme, seed = run.name.rsplit("-seed", 1)
-        row = run_row(SchemeSpec(scheme), int(seed), json.loads((run / "summary.json").read_text()),
-                      json.loads(report.read_text()), last_probe(run))
+        rep = json.loads(report.read_text())
+        row = run_row(SchemeSpec(scheme), int(seed), json.loads((run / "summary.json").read_text()), rep, last_probe(run))
+        row["effective_depth_0.1%"] = float(effective_depth(rep["removal"], 0.001)["n"])
         cells.setdefault(cell_label(run), []).append(row)
     return cells
 
@@ -58,7 +64,7 @@ def tables(cells: dict[str, dict[str, dict]]) -> str:
         if all(s in rows for s in SCHEMES):
             d = [None if rows["lns"].get(k) is None or rows["pre"].get(k) is None
                  else rows["lns"][k] - rows["pre"][k] for k in MEASURES]
-            lines.append(f"| {cell} | " + " | ".join("–" if v is None else f"{v:+.4f}" for v in d) + " |")
+            lines.append(f"| {cell} | " + " | ".join("–" if v is None else f"{v:+.3g}" for v in d) + " |")
     return "\n".join(lines) + "\n"
 
 
