@@ -79,7 +79,7 @@ def main(root: str, out: str) -> None:
         series = {s: [(cells[c].get(s, {}).get(key), cells[c].get(s, {}).get(key + "_std")) for c in labels]
                   for s in SCHEMES}
         across_cells(labels, series, COLUMNS[key][0], f"{COLUMNS[key][0]} per cell (mean over seeds, bar: std)",
-                     out_dir / f"{key}.png")
+                     out_dir / f"{key.replace('%', 'pct')}.png")
     print((out_dir / "table.md").read_text())
 
 
