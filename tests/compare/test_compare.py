@@ -69,6 +69,9 @@ def test_table_numbers_are_those_of_each_run(finished):
         assert L == 3 and C.deepest_third(L) == [3]
         assert row["deep_angular"] == pytest.approx(report["angular"]["adjacent"][2])
         assert row["deep_removal_drop"] == pytest.approx(report["removal"]["delta_loss"][2])
+        assert row["deep_swap_drop"] == pytest.approx(report["swap"]["delta_loss"][1])  # block 3 swapped with block 2
+        assert row["effective_depth"] == report["effective_depth"]["n"]
+        assert row["effective_share"] == pytest.approx(report["effective_depth"]["n"] / 3)
     assert table["pre"]["delta_ppl_vs_pre"] == 0
     assert table["lns"]["delta_ppl_vs_pre"] == pytest.approx(table["lns"]["eval_ppl"] - table["pre"]["eval_ppl"])
     md = (out / "summary.md").read_text()

@@ -16,6 +16,7 @@ from depthlab.analysis.diagnostics import DiagnoseOptions
 from depthlab.base.errors import DepthlabError
 from depthlab.compare import CompareConfig, compare
 from depthlab.compare.config import parse_sweep
+from depthlab.compare.sweep import MEASURES
 from depthlab.models.schemes import SchemeSpec
 from depthlab.train import TrainConfig
 
@@ -60,12 +61,13 @@ def test_one_call_trains_every_cell_scheme_and_seed(swept):
 
 def test_report_has_a_table_per_cell_and_a_figure_per_measure(swept):
     out, result = swept
-    for key in ("eval_loss", "deep_removal_drop", "deep_angular", "deep_contribution"):
+    for key in MEASURES:  # held-out loss, removal, swap, angular, contribution, effective depth
         assert (out / f"{key}_across_cells.png").stat().st_size > 0 and result["figures"][key] == f"{key}_across_cells.png"
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 4 and html.count("<h2>cell ") == 4 and "pytest" in html
+    assert html.count("data:image/png;base64,") == len(MEASURES) == 6 and html.count("<h2>cell ") == 4 and "pytest" in html
     md = (out / "summary.md").read_text()
     assert md.count("## cell ") == 4 and "## held-out loss" in md and "## contribution deepest third" in md
+    assert "## swap Δloss deepest third" in md and "## effective depth / L" in md
     pre = result["cells"][3]["table"][0]
     assert f"{pre['eval_loss']:.4f} ± {pre['eval_loss_std']:.4f}" in md
     assert json.loads((out / "compare.json").read_text())["settings"]["sweep"] == SWEEP

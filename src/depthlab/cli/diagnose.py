@@ -48,8 +48,8 @@ def resolve_defaults(tokens: int | None, jacobian: bool | None, device_type: str
                      seq_len: int, engine: str | None = None, sweep_cost: float = 1.0) -> tuple[int, bool, str | None]:
     """(tokens, jacobian, the one line saying what was chosen and, given ``engine``, which engine runs and why;
     None when the user chose both and no engine is named). ``sweep_cost``: the replays per batch relative to the
-    removal sweep alone (3 with the attention / MLP units, which replay twice per block): a CPU's tokens shrink
-    by it, so the run keeps its time budget."""
+    removal sweep alone (+2 with the attention / MLP units, which replay twice per block; +1 with the swap test): a
+    CPU's tokens shrink by it, so the run keeps its time budget."""
     if device_type != "cpu":
         t, j = GPU_TOKENS, True
     else:
@@ -156,8 +156,9 @@ def _sized(given: dict, target, device) -> tuple[DiagnoseOptions, str]:
         log.info("%s is an encoder: angular distance, variance and Jacobians only (no removal loss)", target.name)
     line = target.plan.line + ("; block Jacobians are in-memory only: off" if streamed else "")
     units = given.get("sublayers", True) and given.get("removal", True) and target.causal  # both engines: 3x the sweep
+    swap = given.get("swap", True) and target.causal  # the swap test: about the removal sweep's cost again
     given["tokens"], given["jacobian"], chosen = resolve_defaults(given.get("tokens"), False if streamed else
                                                                   given.get("jacobian"), device.type, target.n_params,
                                                                   target.info.get("d_model"), given["seq_len"], line,
-                                                                  3.0 if units else 1.0)
+                                                                  (3.0 if units else 1.0) + (1.0 if swap else 0.0))
     return DiagnoseOptions(**given), chosen

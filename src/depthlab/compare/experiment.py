@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from depthlab.analysis.diagnostics import diagnose, load_target, write_report
+from depthlab.analysis.diagnostics.depthuse import depth_use_columns
 from depthlab.analysis.diagnostics.probes import deepest_third
 from depthlab.analysis.monitor.trackers import compare_group, log_compare
 from depthlab.base.devices import resolve_device
@@ -120,6 +121,7 @@ def run_row(scheme: SchemeSpec, seed: int, summary: dict, report: dict,
         row["deep_removal_drop"] = deep_mean_of(report["removal"]["delta_loss"], deep)
         if "delta_accuracy" in report["removal"]:
             row["deep_removal_acc_drop"] = deep_mean_of(report["removal"]["delta_accuracy"], deep)
+    row.update(depth_use_columns(report, deep))  # swap Δloss of the deepest third's pairs, effective depth
     contribution = deep_mean_of((probe or {}).get("layer_contribution"), deep)
     if contribution is not None:
         row["deep_contribution"] = contribution

@@ -35,7 +35,7 @@ from depthlab.compare.table import COLUMNS, format_cell, markdown_table, measure
 log = logging.getLogger(__name__)
 
 #: The measures drawn across cells (COLUMNS keys), each one figure.
-MEASURES = ("eval_loss", "deep_removal_drop", "deep_angular", "deep_contribution")
+MEASURES = ("eval_loss", "deep_removal_drop", "deep_swap_drop", "deep_angular", "deep_contribution", "effective_share")
 
 
 def compare(cfg: CompareConfig, out_dir: str | Path, *, quiet: bool = False, command: str | None = None,

@@ -24,6 +24,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "last_layer_variance": ("last-block output variance", "{:.3g}"),
     "deep_angular": ("angular dist. deepest third", "{:.3f}"),
     "deep_removal_drop": ("removal Δloss deepest third", "{:.4f}"),
+    "deep_swap_drop": ("swap Δloss deepest third", "{:.2g}"),  # often 1e-5 where removal is 1e-3
+    "effective_depth": ("effective depth (blocks)", "{:.1f}"),
+    "effective_share": ("effective depth / L", "{:.2f}"),
     "deep_contribution": ("contribution deepest third", "{:.3f}"),
     "deep_removal_acc_drop": ("removal Δacc deepest third (points)", "{:+.2f}"),
 }

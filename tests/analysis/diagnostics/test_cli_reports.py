@@ -75,8 +75,11 @@ def test_cli_writes_a_report_and_warns_on_short_data(tmp_path, capsys):
     assert rep["data"]["short"] and 0 < rep["data"]["tokens"] < 100000
     assert rep["model"]["scheme"] == "lns" and rep["summary"] in err.out
     for fig in ("angular_heatmap", "angular_adjacent", "removal", "variance", "jacobian_summary", "jacobian_heatmaps",
-                "sublayers", "lens"):
+                "sublayers", "lens", "swap"):
         assert (tmp_path / "r" / rep["figures"][fig]).is_file()
+    assert len(rep["swap"]["delta_loss"]) == 15 and rep["effective_depth"]["n_layers"] == 16
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert "<h2>Swap test</h2>" in page and "<h2>Effective depth</h2>" in page
     assert "diagnose" in rep["command"]
 
 
@@ -100,6 +103,8 @@ def test_bad_inputs_give_one_line_and_exit_2(tmp_path, capsys):
                      capsys, "empty.txt")
     _one_line_exit_2(["diagnose", "preset:tiny", "--tokens", "0", "--out", str(tmp_path / "o")], capsys, "--tokens")
     _one_line_exit_2(["diagnose", "preset:nope", "--out", str(tmp_path / "o")], capsys, "unknown preset")
+    _one_line_exit_2(["diagnose", "preset:tiny", "--effective-threshold", "1.5", "--out", str(tmp_path / "o")], capsys,
+                     "--effective-threshold 1.5 is out of range")
 
 
 def test_unsupported_model_type_gives_one_line_and_exit_2(tmp_path, capsys):

@@ -1,7 +1,8 @@
 """The layer-streamed engine gives the in-memory engine's numbers, holds one layer at a time, resumes after kill -9.
 
 Equality is asserted to 1e-5 (max |Δ|) on every number both engines report: the angular distance of all
-pairs, the held-out loss, the loss and Δloss with each block removed, the variance / norm lists."""
+pairs, the held-out loss, the loss and Δloss with each block removed and with each adjacent pair swapped, the
+variance / norm lists; the effective depth exactly."""
 
 from __future__ import annotations
 
@@ -45,6 +46,12 @@ def assert_same(a: dict, b: dict, tol: float = TOL) -> None:
     """Every number of the two reports' angular, loss, removal and variance sections within ``tol``."""
     keys = [("angular", k) for k in ("matrix", "adjacent", "to_last")] + [("variance", k) for k in a["variance"]]
     keys += [("loss", "loss")] + ([("removal", k) for k in ("base_loss", "loss", "delta_loss")] if "removal" in a else [])
+    keys += [("swap", k) for k in ("base_loss", "loss", "delta_loss")] if "swap" in a else []
+    assert ("swap" in a) == ("swap" in b) and ("effective_depth" in a) == ("effective_depth" in b)
+    if "effective_depth" in a:  # the same blocks count; the threshold in nats follows the loss (to tol)
+        (ea, na), (eb, nb) = [({k: v for k, v in r["effective_depth"].items() if k != "threshold_nats"},
+                               r["effective_depth"]["threshold_nats"]) for r in (a, b)]
+        assert ea == eb and abs(na - nb) <= tol
     for section, key in keys:
         x, y = _flat(a[section][key]), _flat(b[section][key])
         assert len(x) == len(y) and [v is None for v in x] == [v is None for v in y], (section, key)
@@ -137,8 +144,9 @@ def test_bf16_in_memory_on_a_cpu_keeps_bf16_weights_and_gives_the_streamed_numbe
 
 def test_memory_is_one_layer_plus_the_streams(tmp_path):
     """24 small layers: the weights alive at once never exceed the largest single module (a layer, the embedding
-    or the head); every tensor is read once per pass over the weights; the streams take what the layout says.
-    A stream budget of a third of that splits the batches into groups (more weight passes), same numbers."""
+    or the head), two layers while the swap lanes apply the previous layer after the current one; every tensor is
+    read once per pass over the weights; the streams take what the layout says. A stream budget of a third of that
+    splits the batches into groups (more weight passes), same numbers."""
     L = 24
     path = save_hf(tiny_hf("llama", L, hidden=64), tmp_path / "deep")
     opts = DiagnoseOptions(**{**OPTS, "tokens": 192}, joint_check=False)
@@ -147,12 +155,16 @@ def test_memory_is_one_layer_plus_the_streams(tmp_path):
     one = max([src.store.nbytes(src.keys_of(m)) for m in (*src.embed_modules, *src.head_modules)]
               + [src.layer_nbytes(i) for i in range(L)])
     assert src.store.nbytes() > 20 * one  # the whole model is far more than one layer
+    no_swap = diagnose(target, DiagnoseOptions(**{**OPTS, "tokens": 192}, joint_check=False, swap=False))
+    assert 0 < src.store.meter.peak <= one and "swap" not in no_swap
+    target = open_streamed(str(path))
+    src = target.source
     whole = diagnose(target, opts)
     meter = src.store.meter
-    assert 0 < meter.peak <= one and meter.live == 0
+    assert one < meter.peak <= 2 * one and meter.live == 0  # a layer and the one before it, for the swap lanes
     assert set(meter.reads.values()) == {1} and len(meter.reads) == len(src.store.index)
     n_tok, D = whole["data"]["tokens"], 64
-    streams, states = L + 1, L + 1  # the base + one per removed block; x^1 .. x^{L+1} of the base
+    streams, states = L + 1 + L - 1, L + 1  # the base + one per removed block + one per swapped pair; x^1 .. x^{L+1}
     assert whole["engine"]["stream_bytes"] == (streams + states) * n_tok * D * 4
     assert whole["engine"]["weight_passes"] == 1 and whole["engine"]["layers_computed"] == L
 

@@ -70,8 +70,9 @@ def test_units_and_lens_streamed_equal_in_memory_in_one_weight_pass(tmp_path, ki
     assert eng["weight_passes"] == 1 and eng["layers_computed"] == L
     assert set(target.source.store.meter.reads.values()) == {1}  # each tensor read once: units and lens included
     n_batches = 2
-    # block evaluations per batch: base L, removal sum_l (L - l), units 2 sum_l (L - l + 1)
-    assert eng["block_evals"] == n_batches * (L + L * (L - 1) // 2 + L * (L + 1))
+    # block evaluations per batch: base L, removal sum_l (L - l), units 2 sum_l (L - l + 1), swap sum_l<L (L - l + 1)
+    swap = sum(L - l + 1 for l in range(1, L))
+    assert eng["block_evals"] == n_batches * (L + L * (L - 1) // 2 + L * (L + 1) + swap)
 
 
 def test_the_lens_decoded_one_sequence_at_a_time_and_units_without_removal(tmp_path):
@@ -82,7 +83,7 @@ def test_the_lens_decoded_one_sequence_at_a_time_and_units_without_removal(tmp_p
     mem = diagnose(load_target(str(path)), opts)
     one = diagnose(open_streamed(str(path)), opts, settings=SweepSettings(max_rows=32, progress=False))
     assert units_lens_diff(mem, one) <= 1e-5
-    bare = DiagnoseOptions(**{**OPTS, "removal": False})
+    bare = DiagnoseOptions(**{**OPTS, "removal": False, "swap": False})
     got = diagnose(open_streamed(str(path)), bare)
     want = diagnose(load_target(str(path)), bare)
     assert "loss" not in got["sublayers"]["attn"] and got["engine"]["block_evals"] == 2 * 3

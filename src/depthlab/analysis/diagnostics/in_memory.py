@@ -62,10 +62,10 @@ def _pass(cap: ResidualCapture, batches: Any, target: Any, opts: DiagnoseOptions
     plain loss); returns the first ``jac_samples`` input rows for the Jacobians. Raises when the data gave nothing."""
     L = cap.n_layers
     units = m.sublayers is not None and m.removal is not None
-    # the captured forward, one replay per removed block, two per block's sublayers, one head per lens state
-    passes = 1 + (L if m.removal else 0) + (2 * L if units else 0) + (L + 1 if m.lens else 0)
-    desc = "residual stream" + (" + removal sweep" if m.removal else "") + (" + sublayers" if m.sublayers else "") + (
-        " + logit lens" if m.lens else "")
+    # the captured forward, one replay per removed block / swapped pair, two per block's sublayers, one head per lens state
+    passes = 1 + (L if m.removal else 0) + (L - 1 if m.swap else 0) + (2 * L if units else 0) + (L + 1 if m.lens else 0)
+    desc = "residual stream" + (" + removal sweep" if m.removal else "") + (" + swap test" if m.swap else "") + (
+        " + sublayers" if m.sublayers else "") + (" + logit lens" if m.lens else "")
     jac_seqs: list[torch.Tensor] = []
     n_batches = batches.n_batches
     with progress(n_batches * passes, desc, "pass", opts.progress) as bar:
@@ -75,6 +75,8 @@ def _pass(cap: ResidualCapture, batches: Any, target: Any, opts: DiagnoseOptions
             m.add_states(states)
             if m.removal is not None:
                 m.removal.update(cap, x, y, logits, states, on_layer=lambda: bar.update(1))
+            if m.swap is not None:
+                m.swap.update(cap, x, y, logits, states, calls, on_pair=lambda: bar.update(1))
             if m.sublayers is not None:
                 m.sublayers.update(cap, x, y, logits, states, calls, on_pass=lambda: bar.update(1))
             if m.lens is not None:

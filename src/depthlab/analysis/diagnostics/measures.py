@@ -5,7 +5,8 @@
     report = measures.report(target, opts, batches, command, joint)   # every section, the removable set, the summary
 
 What is measured (docs/paper.md §5): the angular distance of all pairs of residual states and their variance
-(every model); for causal LMs the removal loss of each block (``removal``), the attention / MLP units
+(every model); for causal LMs the removal loss of each block (``removal``), the loss with each adjacent pair of
+blocks exchanged (``swap``) and the effective depth read from the removal losses (:mod:`.depthuse`), the attention / MLP units
 (``sublayers``, when the blocks keep branches depthlab knows), the logit lens (``lens``) and a multiple-choice drop
 (``mc``). The in-memory engine adds what needs the whole model: block Jacobians, the tuned lens, the depth-attention
 map (``extra``: sections it writes as they are). The streamed engine's resume state holds these sums
@@ -22,6 +23,7 @@ from typing import Any
 from torch import nn
 
 from depthlab.analysis.diagnostics.angular import AngularAccumulator, adjacent, pair_matrix_to_layout
+from depthlab.analysis.diagnostics.depthuse import SwapAccumulator, effective_depth
 from depthlab.analysis.diagnostics.heldout import TextBatches
 from depthlab.analysis.diagnostics.lens import LensAccumulator
 from depthlab.analysis.diagnostics.mc import MCAccumulator, load_mc
@@ -57,6 +59,7 @@ class Measures:
         self.angular, self.variance, self.removal = angular, variance, removal
         self.sublayers, self.lens, self.mc = sublayers, lens, mc
         self.base_loss, self.base_count = 0.0, 0  # summed loss when no removal sweep sums it (causal LMs)
+        self.swap: SwapAccumulator | None = None  # adjacent blocks exchanged (depthuse), set by build
         self.extra: dict[str, Any] = {}  # report sections an engine computes whole (jacobian, depth_attention, ...)
         self.tuned_lens: dict[str, Any] | None = None  # the tuned lens against the plain one (in memory; lens.tuned)
 
@@ -77,8 +80,10 @@ class Measures:
         mc = None
         if opts.mc and text and target.tokenizer is not None:
             mc = MCAccumulator(load_mc(opts.mc, opts.mc_limit), L)
-        return cls(L, AngularAccumulator(L + 1), VarianceAccumulator(L + 1), removal, sublayers,
-                   LensAccumulator(L) if opts.lens and text else None, mc)
+        m = cls(L, AngularAccumulator(L + 1), VarianceAccumulator(L + 1), removal, sublayers,
+                LensAccumulator(L) if opts.lens and text else None, mc)
+        m.swap = SwapAccumulator(L) if opts.swap and text and L > 1 else None
+        return m
 
     # ------------------------------------------------------------------ fed by the engines
     def add_states(self, states: Sequence[Any]) -> None:
@@ -99,7 +104,7 @@ class Measures:
             out["removal"] = [r.base, r.removed, r.count]
         if self.mc is not None:
             out["mc"] = [self.mc.scores, self.mc.nchars]
-        for name in ("sublayers", "lens"):
+        for name in ("sublayers", "lens", "swap"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name).state_dict()
         return out
@@ -114,7 +119,7 @@ class Measures:
             self.removal.removed = list(removed)
         if self.mc is not None:
             self.mc.scores, self.mc.nchars = state["mc"]
-        for name in ("sublayers", "lens"):
+        for name in ("sublayers", "lens", "swap"):
             if getattr(self, name) is not None:
                 getattr(self, name).load_state_dict(state[name])
 
@@ -137,6 +142,7 @@ class Measures:
         if "removal" in report:
             check = joint if opts.joint_check else None
             report["removal"]["removable"] = removable_blocks(report["removal"], opts.loss_budget, check)
+            report["effective_depth"] = effective_depth(report["removal"], opts.effective_threshold)
         report["summary"] = summary_sentence(report, opts.identity_threshold, opts.loss_budget)
         return report
 
@@ -167,6 +173,8 @@ class Measures:
         elif target.causal and self.base_count:
             loss = self.base_loss / self.base_count
             out["loss"] = {"loss": loss, "ppl": perplexity(loss)}
+        if self.swap is not None:
+            out["swap"] = self.swap.result()
         if self.sublayers is not None:
             out["sublayers"] = self.sublayers.result()
         if self.lens is not None:

@@ -26,6 +26,7 @@ class DiagnoseOptions:
     batch_size: int = 8  # sequences per forward
     # ---- what to measure
     removal: bool = True  # the layer-removal sweep (causal LMs only)
+    swap: bool = True  # the swap test: Δloss with adjacent blocks l, l+1 exchanged, every pair (causal LMs; ~ removal's cost)
     sublayers: bool = True  # attention and MLP separately: contribution, angular distance, removal Δloss (causal LMs)
     lens: bool = True  # the logit lens: each layer's stream decoded by the final norm and head (causal LMs)
     tuned_lens: bool = False  # a tuned lens too: an affine map per layer fitted on half the batches, measured on the rest
@@ -40,6 +41,7 @@ class DiagnoseOptions:
     # ---- summary
     loss_budget: float = 0.1  # nats of held-out loss one may lose by removing blocks
     identity_threshold: float = 0.1  # adjacent angular distance below which a block counts as near-identity
+    effective_threshold: float = 0.01  # effective depth: blocks whose removal costs more than this x the model's loss
     joint_check: bool = True  # verify the removable set by removing it jointly (a few extra passes)
     seed: int = 0  # seeds the sampled Jacobian positions
     progress: bool = True  # progress bars on a terminal, ETA log lines otherwise
@@ -69,6 +71,7 @@ class DiagnoseOptions:
                                 f"{flag('tuned_lens')}")
         check_number(flag("loss_budget"), self.loss_budget, minimum=0)
         check_number(flag("identity_threshold"), self.identity_threshold, minimum=0, maximum=1)
+        check_number(flag("effective_threshold"), self.effective_threshold, minimum=0, maximum=1)
         for name in ("jac_layers", "heatmap_layers"):
             blocks = getattr(self, name)
             if blocks is not None and (not blocks or any(isinstance(b, bool) or not isinstance(b, int) or b < 1

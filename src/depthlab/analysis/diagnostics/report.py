@@ -38,6 +38,11 @@ def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
         r = report["removal"]
         figs["removal"] = P.removal_drop(r["delta_loss"], out / "removal.png", r["base_loss"],
                                          report.get("mc", {}).get("delta_acc"), scheme=scheme)
+    if "swap" in report and "removal" in report:
+        eff = report.get("effective_depth") or {}
+        figs["swap"] = P.swap_and_removal(report["removal"]["delta_loss"], report["swap"]["delta_loss"],
+                                          out / "swap.png", eff.get("threshold_nats"),
+                                          f"Removal and swap of blocks\n{name}")
     if "sublayers" in report:
         figs["sublayers"] = P.sublayer_units(report["sublayers"], out / "sublayers.png",
                                              f"Attention and MLP of each block\n{name}")
@@ -101,6 +106,8 @@ def _per_block_table(report: dict[str, Any]) -> str:
                                     ("norm growth", report["variance"]["norm_growth"])]
     if "removal" in report:
         cols += [("loss without block", report["removal"]["loss"]), ("Δ loss", report["removal"]["delta_loss"])]
+    if "swap" in report:
+        cols += [("Δ loss, blocks l, l+1 swapped", [*report["swap"]["delta_loss"], None])]
     if "mc" in report and report["mc"].get("delta_acc"):
         cols += [("Δ MC accuracy", report["mc"]["delta_acc"])]
     jac = report.get("jacobian") or {}
@@ -157,6 +164,26 @@ def _lens_section(report: dict[str, Any], out: Path, figs: dict[str, str]) -> li
         [f"<p>Tuned lens: {html.escape(tuned['method'])}; fitted on {tuned['fit_tokens']:,} tokens.</p>"] if tuned else [])
 
 
+def _swap_section(report: dict[str, Any], out: Path, figs: dict[str, str]) -> list[str]:
+    """The swap test beside the removal test, and the effective depth."""
+    eff, sw = report.get("effective_depth"), report.get("swap")
+    parts = []
+    if eff:
+        parts += ["<h2>Effective depth</h2>",
+                  f"<p><b>{eff['n']} of {eff['n_layers']} blocks ({100 * eff['share']:.0f} %)</b>: those whose removal "
+                  f"raises the held-out loss by more than {100 * eff['threshold']:g} % of the model's loss "
+                  f"({eff['threshold_nats']:.4f} nats; <code>--effective-threshold</code>): blocks "
+                  f"{html.escape(str(eff['blocks']))}.</p>"]
+    if sw:
+        parts += ["<h2>Swap test</h2>",
+                  "<p>Held-out loss when adjacent blocks l and l+1 exchange places (block l+1 applied to x<sup>l</sup>, "
+                  "then block l, each with its own weights and call) minus the model's, beside the loss when block l "
+                  "is removed. A block that can be removed cheaply but not swapped reads what the block before it "
+                  "wrote; one that swaps for free adds an order-insensitive update.</p>",
+                  _img(out, figs.get("swap"), "removal and swap")]
+    return parts
+
+
 def _loss_row(loss: dict[str, Any] | None) -> list[tuple[str, Any]]:
     """The held-out loss with the perplexity of an LM or the top-1 accuracy of a classifier."""
     if not loss:
@@ -201,6 +228,7 @@ def render_html(report: dict[str, Any], out: Path) -> str:
             mc = report["mc"]
             parts.append(f"<p>Multiple choice ({html.escape(mc['file'])}, {mc['items']} items): "
                          f"acc {mc['acc']:.3f}, acc_norm {mc['acc_norm']:.3f}.</p>")
+    parts += _swap_section(report, out, figs)
     parts += _sublayer_section(report, out, figs) + _lens_section(report, out, figs)
     parts += ["<h2>Variance and residual norm</h2>", _img(out, figs.get("variance"), "variance")]
     if report.get("depth_attention"):

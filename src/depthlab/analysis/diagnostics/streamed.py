@@ -2,14 +2,15 @@
 
     fed = feed(target, opts, measures, SweepSettings(state_dir=root))    # target: a StreamTarget
 
-One sweep (:mod:`depthlab.targets.stream.sweep`) carries the base lane, one lane per removed block and the
-multiple-choice batches; with the attention / MLP units, one lane per zeroed branch too (2L more, each born at its
-block, as a removal lane is) and each block's branches measured while it is loaded (the layer tap); the logit lens
-decodes the base lane's L+1 states with the final norm and head while they are loaded for the lanes' logits (the
-head tap, one state's logits of a few sequences alive at a time). :class:`MeasuresConsumer` maps the lanes to the
-measures and saves their sums with the sweep's resume state. The joint check of the removable set is one more sweep
-per evaluated set. Block Jacobians and the tuned lens need the model in memory: the dispatcher refuses them when
-asked for, and the report says the Jacobians were not computed.
+One sweep (:mod:`depthlab.targets.stream.sweep`) carries the base lane, one lane per removed block, one per swapped
+pair of adjacent blocks (held back a layer, applied with the previous layer kept loaded: two layers resident while a
+swap lane needs them) and the multiple-choice batches; with the attention / MLP units, one lane per zeroed branch
+too (2L more, each born at its block, as a removal lane is) and each block's branches measured while it is loaded
+(the layer tap); the logit lens decodes the base lane's L+1 states with the final norm and head while they are
+loaded for the lanes' logits (the head tap, one state's logits of a few sequences alive at a time).
+:class:`MeasuresConsumer` maps the lanes to the measures and saves their sums with the sweep's resume state. The
+joint check of the removable set is one more sweep per evaluated set. Block Jacobians and the tuned lens need the
+model in memory: the dispatcher refuses them when asked for, and the report says the Jacobians were not computed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from depthlab.analysis.diagnostics.removal import nll_sum
 from depthlab.base.progress import duration
 from depthlab.targets.branches import UNITS
 from depthlab.targets.engine import engine_record as target_engine
-from depthlab.targets.stream.lanes import Lane, removal_lanes, sublayer_lanes
+from depthlab.targets.stream.lanes import Lane, removal_lanes, sublayer_lanes, swap_lanes
 from depthlab.targets.stream.sweep import SweepBatch, Sweeper, SweepSettings, Taps
 
 log = logging.getLogger(__name__)
@@ -77,17 +78,22 @@ def joint_loss(sweeper: Sweeper, text: list[SweepBatch], skip: list[int]) -> flo
 class MeasuresConsumer:
     """The measures, fed by one sweep: lane 0 is the model, lane l the model without block l (with ``removal``),
     then with units and removal the lanes of :func:`sublayer_lanes` (block l's attention zeroed: L + l; its MLP:
-    2L + l). The units take the layer tap (each block's branches while it is loaded), the lens the head tap (each
+    2L + l), then with the swap test the lanes of :func:`swap_lanes` (blocks l and l+1 exchanged). The units take
+    the layer tap (each block's branches while it is loaded), the lens the head tap (each
     state decoded by the final norm and head). Its sums are the measures' (:meth:`Measures.state_dict`)."""
 
     def __init__(self, measures: Measures) -> None:
         self.m = measures
+        self._swap0 = len(self._lanes())  # index of the first swap lane
 
-    def lanes(self) -> list[Lane]:
-        """The lanes this consumer reads, in its order."""
+    def _lanes(self) -> list[Lane]:
         L, m = self.m.n_layers, self.m
         units = m.sublayers is not None and m.removal is not None
         return [Lane("base"), *(removal_lanes(L) if m.removal is not None else []), *(sublayer_lanes(L) if units else [])]
+
+    def lanes(self) -> list[Lane]:
+        """The lanes this consumer reads, in its order."""
+        return self._lanes() + (swap_lanes(self.m.n_layers) if self.m.swap is not None else [])
 
     def taps(self) -> Taps:
         return Taps(layer=self._layer if self.m.sublayers is not None else None,
@@ -95,10 +101,15 @@ class MeasuresConsumer:
 
     def logits(self, lane: int, index: int, batch: SweepBatch, logits: torch.Tensor) -> None:
         m, L = self.m, self.m.n_layers
-        if batch.labels is None:  # a multiple-choice batch
-            m.mc.score(lane, batch.payload, batch.ids, logits)
+        if batch.labels is None:  # a multiple-choice batch (the swap lanes carry it too, unscored)
+            if m.swap is None or lane < self._swap0:
+                m.mc.score(lane, batch.payload, batch.ids, logits)
             return
         s, n = nll_sum(logits, batch.labels)
+        if m.swap is not None and (lane == 0 or lane >= self._swap0):
+            m.swap.add(lane - self._swap0 + 1 if lane else None, s, n)
+            if lane:
+                return
         if m.removal is None:
             m.add_loss(s, n)
         elif lane == 0:

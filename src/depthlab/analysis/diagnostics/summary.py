@@ -77,17 +77,21 @@ def summary_sentence(report: dict[str, Any], identity_threshold: float, budget: 
     rem = report.get("removal", {}).get("removable")
     if rem is None:
         return first + "."
+    eff = report.get("effective_depth")
+    third = "" if eff is None else (
+        f"; effective depth {eff['n']} of {eff['n_layers']} blocks ({100 * eff['share']:.0f} %: their removal costs more "
+        f"than {100 * eff['threshold']:g} % of the loss, {eff['threshold_nats']:.3f} nats)")
     base = report["removal"]["base_loss"]
     how = "removed together" if rem["checked"] else "estimated from single removals"
     if rem["k"] == 0:
         d = report["removal"]["delta_loss"]
         cheapest = min((i for i in range(L) if d[i] is not None), key=lambda i: d[i], default=None)
         if cheapest is None:
-            return f"{first}; no block's removal could be measured."
+            return f"{first}; no block's removal could be measured{third}."
         second = (f"no block can be removed within a {budget:g}-nat loss budget (the cheapest, block {cheapest + 1}, "
                   f"costs {d[cheapest]:+.3f} nats)")
     else:
         second = (f"{rem['k']} block{'s' if rem['k'] > 1 else ''} ({ranges(rem['blocks'])}) can be removed within a "
                   f"{budget:g}-nat loss budget ({how}: loss {base:.3f} -> {rem['loss']:.3f}, "
                   f"ppl {perplexity(base):.2f} -> {perplexity(rem['loss']):.2f})")
-    return f"{first}; {second}."
+    return f"{first}; {second}{third}."

@@ -77,6 +77,32 @@ def removal_drop(delta_loss: Sequence[float], path: str | Path, base_loss: float
     return save(fig, path)
 
 
+def swap_and_removal(removal: Sequence[float | None], swap: Sequence[float | None], path: str | Path,
+                     threshold_nats: float | None = None, title: str = "") -> Path:
+    """Per block, the Δloss when it is removed, and per adjacent pair (drawn between its two blocks) the Δloss when the
+    two exchange places (symlog; missing values left out); the effective depth's threshold as a dashed line."""
+    L = len(removal)
+    if len(swap) != max(L - 1, 0):
+        raise DepthlabError(f"swap figure: {len(swap)} pairs for {L} blocks (expected {max(L - 1, 0)})")
+    fig, ax = subplots(1, 1, figsize=(6.4, 3.4))
+    x = np.arange(1, L + 1)
+    rem = np.array([np.nan if v is None else v for v in removal], dtype=float)
+    ax.bar(x, np.nan_to_num(rem), width=0.6, color="tab:blue", alpha=0.8, label="block l removed")
+    sw = np.array([np.nan if v is None else v for v in swap], dtype=float)
+    ax.plot(x[:-1] + 0.5, sw, marker="o", ms=4, color="tab:red", label="blocks l, l+1 swapped")
+    if threshold_nats is not None:
+        ax.axhline(threshold_nats, color="k", ls="--", lw=0.8, label="effective-depth threshold")
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_ylabel("Δ loss (nats, symlog)")
+    ax.set_xlabel("block l")
+    ax.set_xticks(ticks(L))
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    ax.set_title(title or "Removal and swap of blocks", fontsize=10)
+    return save(fig, path)
+
+
 def variance_growth(variance: Sequence[float], mean_norm: Sequence[float], path: str | Path, title: str = "",
                     scheme: str | None = None) -> Path:
     """Output variance of each block (state x^{l+1}; l = 0 is the embedding) and the residual norm."""

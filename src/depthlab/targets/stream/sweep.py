@@ -10,7 +10,8 @@ the head, and its logits go to the *consumer* (losses, multiple-choice scores); 
 too when ``keep_states`` (angular distance of all pairs, variance), and :class:`Taps` let it read a block, or the
 head, while its weights are loaded (attention / MLP units, the logit lens).
 
-**Memory.** One layer's weights (in the compute dtype) + the lanes + the base states of the batches in flight + one
+**Memory.** One layer's weights (in the compute dtype; two while a swap lane applies the previous layer after the
+current one, :mod:`~depthlab.targets.stream.lanes`) + the lanes + the base states of the batches in flight + one
 layer call's activations. The lanes of a batch live in one tensor (slots, B, T, D), slots ordered by birth so the
 live ones are a prefix, applied in chunks of at most ``max_rows`` token rows. When all batches' lanes would not fit
 ``lane_budget`` (by default: what the free memory leaves beside two copies of a layer and its activations), the
@@ -23,6 +24,7 @@ inputs continues after the last saved layer, with the same numbers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -117,6 +119,7 @@ class Sweeper:
         self.settings = settings or SweepSettings()
         self.stats = SweepStats()
         self._taps = Taps()
+        self._resident = 2  # layers' weights the budget counts: as read and in the compute dtype (+1 with swap lanes)
         self.elem = torch.tensor([], dtype=self.source.compute_dtype).element_size()
         self.d_model = int(self.source.state_width)  # the state between blocks: n·D for n residual streams
 
@@ -138,7 +141,7 @@ class Sweeper:
             return s.lane_budget, rows
         if free is None:
             return None, rows
-        return int(MEMORY_FRACTION * free) - 2 * layer - rows * per_row, rows
+        return int(MEMORY_FRACTION * free) - self._resident * layer - rows * per_row, rows
 
     def _groups(self, batches: Sequence[SweepBatch], n_slots: int, keep_states: bool) -> list[range]:
         """Consecutive batches whose lanes (and kept states) fit the budget; one weight pass each."""
@@ -170,6 +173,7 @@ class Sweeper:
         layer or the head is loaded (:class:`Taps`; with ``keep_states``)."""
         L = self.source.n_layers
         layout = Layout.of(lanes, L)
+        self._resident = 3 if any(lane.swap for lane in lanes) else 2  # a swap lane keeps the previous layer loaded
         self._rows = self._budget()[1]
         self._taps = taps or Taps()
         groups = self._groups(batches, len(lanes), keep_states)
@@ -211,7 +215,8 @@ class Sweeper:
 
     def _units(self, layout: Layout, batches: Sequence[SweepBatch], groups: list[range]) -> int:
         L = self.source.n_layers
-        per_batch = sum(sum(b - a for a, b, _ in layout.runs(j)) for j in range(1, L + 1)) + len(layout.order)
+        per_batch = sum(sum(b - a for a, b, _ in layout.runs(j)) + sum(b - a for a, b in layout.after(j))
+                        for j in range(1, L + 1)) + len(layout.order)
         per_kept = (L if self._taps.layer else 0) + (L + 1 if self._taps.head else 0)  # tap calls per batch with states
         return sum(per_batch + (per_kept if batches[i].states else 0) for g in groups for i in g)
 
@@ -239,14 +244,18 @@ class Sweeper:
                     for i, b in enumerate(batches)]
             self.stats.resumed.append({"pass": name, "group": g, "layer": j0})
             log.info("%s: resuming after layer %d of %d (saved in %s)", name, j0, L, state.dir)
-        for j in range(j0 + 1, L + 1):
-            self._layer(j, batches, bufs, layout, bar, (offset, kept))
-            self._keep(kept, bufs, batches, keep_states)
-            n_live = layout.live(j)
-            state.save_layer(g, j, [b[:n_live] for b in bufs], _newest(kept) if keep_states else None,
-                             consumer.state_dict() if per_layer else None)
-            if self.settings.on_layer is not None:
-                self.settings.on_layer(name, g, j)
+        resident = KeptLayer()  # the previous layer, while swap lanes need it after the current one
+        try:
+            for j in range(j0 + 1, L + 1):
+                self._layer(j, batches, bufs, layout, bar, (offset, kept), resident)
+                self._keep(kept, bufs, batches, keep_states)
+                n_live = layout.live(j)
+                state.save_layer(g, j, [b[:n_live] for b in bufs], _newest(kept) if keep_states else None,
+                                 consumer.state_dict() if per_layer else None)
+                if self.settings.on_layer is not None:
+                    self.settings.on_layer(name, g, j)
+        finally:
+            resident.close()
         self._head(batches, offset, bufs, kept, layout, consumer, bar)
 
     def _empty(self, batch: SweepBatch, n_slots: int) -> torch.Tensor:
@@ -271,39 +280,59 @@ class Sweeper:
                     k.append(buf[0].clone())
 
     def _layer(self, j: int, batches: list[SweepBatch], bufs: list[torch.Tensor], layout: Layout, bar: Any,
-               kept: tuple[int, list[list[torch.Tensor]]]) -> None:
+               kept: tuple[int, list[list[torch.Tensor]]], resident: KeptLayer) -> None:
         """Layer j (1-based): birth of the lanes that branch here, then the layer on every lane that runs it (a
-        run of lanes zeroing a sublayer of it with that branch zeroed), then the layer tap on the base lane of
-        each batch whose states are kept (``kept``: the group's first batch index and its kept states)."""
+        run of lanes zeroing a sublayer of it with that branch zeroed), then layer j-1 once more on the swap lanes of
+        pair (j-1, j) (kept loaded from the step before, ``resident``; read again only after a resume), then the
+        layer tap on the base lane of each batch whose states are kept (``kept``: the group's first batch index and
+        its kept states). Layer j stays loaded past this step when the next layer's swap lanes need it."""
         for s in range(len(layout.order)):
             if layout.born[s] == j:
                 for buf in bufs:
                     buf[s] = buf[0]
-        runs = layout.runs(j)
+        runs, after = layout.runs(j), layout.after(j)
+        prev = resident.take(j - 2) if after else None
+        resident.close()
         if not runs:
+            if prev is not None:
+                prev[1].close()
             return  # every lane skips this block: it is not even read
-        max_rows = self._rows
         tap = self._taps.layer if runs[0][0] == 0 and not runs[0][2] else None  # the base runs block j whole
-        with self.source.layer(j - 1) as layer:
+        with contextlib.ExitStack() as before, contextlib.ExitStack() as stack:  # layer j-1 (swap lanes), layer j
+            if prev is not None:
+                before.enter_context(prev[1])
+            elif after:
+                prev = (before.enter_context(self.source.layer(j - 2)), None)  # after a resume: read again
+            layer = stack.enter_context(self.source.layer(j - 1))
             for i, (batch, buf) in enumerate(zip(batches, bufs)):
-                B, T = batch.ids.shape
-                call = self.source.calls_for(batch)[j - 1]
-                step = max(1, max_rows // (B * T))
-                for a, b, units in runs:
-                    with zeroed(*(unit_modules([layer], u)[0] for u in units)):
-                        for c in range(a, b, step):
-                            d = min(b, c + step)
-                            out = call(layer, buf[c:d].reshape((d - c) * B, T, -1), batch.ids.to(self.target.device))
-                            buf[c:d] = out.reshape(d - c, B, T, -1)
-                            self.stats.block_evals += d - c
-                            self.stats.token_evals += (d - c) * B * T
-                            bar.update(d - c)
+                calls = self.source.calls_for(batch)
+                self._apply(layer, calls[j - 1], batch, buf, runs, bar)
+                if after:
+                    self._apply(prev[0], calls[j - 2], batch, buf, [(a, b, ()) for a, b in after], bar)
                 if tap is not None and kept[1][i]:
                     ids = batch.ids.to(self.target.device)  # blocks that read the token ids get this batch's
-                    tap(j, kept[0] + i, batch, layer, lambda lay, h, c=call, t=ids: c(lay, h, t),
+                    tap(j, kept[0] + i, batch, layer, lambda lay, h, c=calls[j - 1], t=ids: c(lay, h, t),
                         kept[1][i][-1], buf[0])
                     bar.update(1)
+            if j < self.source.n_layers and layout.after(j + 1):
+                resident.keep(j - 1, layer, stack.pop_all())  # the next layer's swap lanes apply it once more
         self.stats.layers_computed += 1
+
+    def _apply(self, layer: Any, call: Callable, batch: SweepBatch, buf: torch.Tensor,
+               runs: list[tuple[int, int, tuple[str, ...]]], bar: Any) -> None:
+        """``layer`` on the slots of ``runs`` of one batch's lanes, in calls of at most ``max_rows`` token rows."""
+        B, T = batch.ids.shape
+        step = max(1, self._rows // (B * T))
+        ids = batch.ids.to(self.target.device)
+        for a, b, units in runs:
+            with zeroed(*(unit_modules([layer], u)[0] for u in units)):
+                for c in range(a, b, step):
+                    d = min(b, c + step)
+                    out = call(layer, buf[c:d].reshape((d - c) * B, T, -1), ids)
+                    buf[c:d] = out.reshape(d - c, B, T, -1)
+                    self.stats.block_evals += d - c
+                    self.stats.token_evals += (d - c) * B * T
+                    bar.update(d - c)
 
     def _head(self, batches: list[SweepBatch], offset: int, bufs: list[torch.Tensor], kept: list[list[torch.Tensor]],
               layout: Layout, consumer: Consumer, bar: Any) -> None:
@@ -322,6 +351,31 @@ class Sweeper:
                     consumer.logits(lane, offset + i, batch, head(h))
                     self.stats.head_tokens += batch.ids.numel()
                     bar.update(1)
+
+
+class KeptLayer:
+    """A layer kept loaded past its own step (the swap lanes of the next pair apply it after the next layer): its
+    module and the stack that releases it."""
+
+    def __init__(self) -> None:
+        self.index, self.module, self.stack = -1, None, None
+
+    def keep(self, index: int, module: Any, stack: contextlib.ExitStack) -> None:
+        self.close()
+        self.index, self.module, self.stack = index, module, stack
+
+    def take(self, index: int) -> tuple[Any, contextlib.ExitStack] | None:
+        """(module, its releasing stack) of layer ``index`` (0-based) if it is the one kept, handed over; else None."""
+        if self.stack is None or self.index != index:
+            return None
+        out = (self.module, self.stack)
+        self.index, self.module, self.stack = -1, None, None
+        return out
+
+    def close(self) -> None:
+        if self.stack is not None:
+            self.stack.close()
+        self.index, self.module, self.stack = -1, None, None
 
 
 def _newest(kept: list[list[torch.Tensor]]) -> list[torch.Tensor | None]:
