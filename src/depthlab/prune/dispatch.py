@@ -38,6 +38,16 @@ def check_model(request: Request, target: Any) -> None:
     """What needs the opened model, on its engine: block ranges and what the family's config allows; an encoder or
     a scheme Llama cannot express (in memory); blocks without known branches or output projections (``--unit``)."""
     opts = request.opts
+    if opts.unit == "expert":
+        from depthlab.prune import experts
+
+        if engine_of(target) == "streamed":
+            streamed.check_model(request, target)
+            experts.check_experts(target.source.layers, target.source.skeleton.config, opts)
+        else:
+            pipeline.check_model(target, opts)
+            experts.check_in_memory(target, opts)
+        return
     if engine_of(target) == "streamed":
         streamed.check_model(request, target)
         if opts.unit != "block":
@@ -73,8 +83,16 @@ def run(request: Request, target: Any, settings: SweepSettings | None = None) ->
     if engine_of(target) == "streamed":
         sweep = settings or SweepSettings(progress=opts.progress)
         sweep.state_dir = request.state
+        if opts.unit == "expert":
+            from depthlab.prune.streamed_experts import prune_experts_streamed
+
+            return prune_experts_streamed(target, opts, out, command, sweep)
         engine = streamed_units.prune_units_streamed if opts.unit != "block" else streamed.prune_streamed
         return engine(target, opts, out, command, sweep)
+    if opts.unit == "expert":
+        from depthlab.prune.experts import prune_experts_in_memory
+
+        return prune_experts_in_memory(target, opts, out, command)
     if opts.unit != "block":
         from depthlab.prune.units import prune_units_in_memory
 

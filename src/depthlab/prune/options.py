@@ -8,7 +8,10 @@ from dataclasses import dataclass, field
 from depthlab.base.errors import MAX_TOKENS, DepthlabError, check_int, check_number, check_work, choices
 
 METHODS = ("removal", "angular-block", "influence")  # how blocks are chosen (depthlab.prune.select)
-UNIT_CHOICES = ("block", "attn", "mlp")  # what one removal takes out: a block, or one block's attention or MLP
+EXPERT_METHODS = ("reap", "frequency", "random")  # how routed experts are chosen (depthlab.prune.experts)
+UNIT_CHOICES = ("block", "attn", "mlp", "expert")  # what one removal takes out: a block, one block's attention or MLP,
+#                                                   or one routed expert of an MoE block
+SHARED = "shared"  # what --experts calls a block's shared expert (refused: every token reads it)
 HEAL_MODES = ("full", "lora")
 
 
@@ -49,11 +52,13 @@ class PruneOptions:
     """Which blocks go (exactly one of ``remove``, ``budget``, ``blocks``), chosen how, on what text."""
 
     # ---- what to remove
-    unit: str = "block"  # what goes: whole blocks, or the attention (attn) or MLP (mlp) sublayer of blocks
-    method: str = "removal"  # how to choose blocks (ignored with blocks): removal | angular-block | influence
-    remove: int | None = None  # remove N blocks
-    budget: float | None = None  # or: the most blocks within this many nats of extra held-out loss
+    unit: str = "block"  # what goes: whole blocks, the attention (attn) or MLP (mlp) sublayer of blocks, or experts
+    method: str | None = None  # how to choose: removal | angular-block | influence; experts: reap | frequency | random
+    remove: int | None = None  # remove N blocks (--unit expert: N routed experts of every MoE block)
+    budget: float | None = None  # or: the most blocks (experts per MoE block) within this many nats of extra held-out loss
     blocks: list[int] | None = None  # or: exactly these blocks (1-based), e.g. 21,22,23
+    fraction: float | None = None  # or (--unit expert): this fraction of the routed experts of every MoE block, e.g. 0.25
+    experts: list[str] | None = None  # or (--unit expert): exactly these, BLOCK:EXPERT (expert from 0), e.g. 2:0,2:5
     # ---- data
     data: str = "builtin"  # text: its val split chooses and evaluates, its train split heals
     tokens: int = 2048  # held-out tokens
@@ -67,15 +72,29 @@ class PruneOptions:
     # ---- engine
     stream: bool | None = None  # read the model layer by layer (no latency; LoRA healing); default: when it exceeds free memory
 
+    def __post_init__(self) -> None:
+        if self.method is None:  # the default of the unit: greedy removal for blocks and sublayers, REAP for experts
+            self.method = EXPERT_METHODS[0] if self.unit == "expert" else METHODS[0]
+
     def validate(self, n_layers: int | None = None) -> None:
         """Refuse a bad request in one line naming the flag and the value: without ``n_layers`` what needs no
         model (run before it is loaded), with it also the ranges that depend on the model's blocks."""
-        given = [name for name in ("remove", "budget", "blocks") if getattr(self, name) is not None]
-        if len(given) != 1:
-            raise DepthlabError("give exactly one of --remove N, --budget NATS, --blocks LIST"
-                                + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
         if self.unit not in UNIT_CHOICES:
             raise DepthlabError(f"unknown --unit {self.unit!r}; {choices(UNIT_CHOICES)}")
+        expert = self.unit == "expert"
+        ways = ("remove", "budget", "fraction", "experts") if expert else ("remove", "budget", "blocks")
+        given = [name for name in ("remove", "budget", "blocks", "fraction", "experts") if getattr(self, name) is not None]
+        if len(given) != 1 or given[0] not in ways:
+            wrong = [g for g in given if g not in ways]
+            if wrong:
+                raise DepthlabError(f"--{wrong[0]} " + ("chooses blocks; with --unit expert give" if expert else
+                                                        "chooses routed experts (--unit expert); with --unit "
+                                                        f"{self.unit} give") + " one of "
+                                    + ", ".join("--" + w for w in ways))
+            raise DepthlabError("give exactly one of " + ", ".join("--" + w for w in ways)
+                                + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
+        if expert:
+            self._validate_experts()
         if self.generate is not None:
             from depthlab.data.gentasks import GEN_TASKS
 
@@ -83,9 +102,14 @@ class PruneOptions:
                 raise DepthlabError(f"unknown --generate task {self.generate!r}; choose one of: {', '.join(GEN_TASKS)} "
                                     "or a .jsonl file of prompt/answer rows")
         check_int("--generate-limit", self.generate_limit, 1)
-        if self.method not in METHODS:
-            raise DepthlabError(f"unknown --method {self.method!r}; {choices(METHODS)}")
-        if self.remove is not None:
+        methods = EXPERT_METHODS if expert else METHODS
+        if self.method not in methods:
+            other = " (a method for blocks and sublayers)" if self.method in METHODS else \
+                " (a method for --unit expert)" if self.method in EXPERT_METHODS else ""
+            raise DepthlabError(f"unknown --method {self.method!r} for --unit {self.unit}{other}; {choices(methods)}")
+        if self.remove is not None and expert:
+            check_int("--remove", self.remove, 1)
+        elif self.remove is not None:
             check_int("--remove", self.remove, 1)
             if n_layers is not None and self.remove >= n_layers:
                 raise DepthlabError(f"--remove {self.remove} is out of range: the model has {n_layers} blocks, so "
@@ -99,6 +123,38 @@ class PruneOptions:
         check_int("--batch-size", self.batch_size, 1)
         check_int("--latency-tokens", self.latency_tokens, 1, MAX_TOKENS)
         self.heal.validate()
+
+
+    def _validate_experts(self) -> None:
+        """--fraction in (0, 1); --experts as BLOCK:EXPERT entries naming no shared expert."""
+        if self.fraction is not None:
+            check_number("--fraction", self.fraction, above=0, maximum=1)
+            if self.fraction >= 1:
+                raise DepthlabError(f"--fraction {self.fraction:g} would remove every routed expert; give a fraction "
+                                    "below 1 (each token needs its top-k experts)")
+        if self.experts is not None:
+            parse_experts(self.experts)
+
+
+def parse_experts(entries: list[str]) -> dict[int, list[int]]:
+    """``--experts`` entries ``BLOCK:EXPERT`` -> {1-based block: [0-based experts]}; one line for a malformed entry or
+    a shared expert (every token reads it: never removed)."""
+    if not entries:
+        raise DepthlabError("--experts names no expert; give BLOCK:EXPERT entries, e.g. --experts 2:0,2:5")
+    out: dict[int, list[int]] = {}
+    for entry in entries:
+        block, _, expert = str(entry).partition(":")
+        if expert.strip().lower() == SHARED:
+            raise DepthlabError(f"--experts {entry}: a shared expert is never removed (every token reads it); name "
+                                "routed experts, BLOCK:EXPERT with EXPERT from 0")
+        try:
+            b, e = int(block), int(expert)
+        except ValueError:
+            b, e = 0, -1
+        if b < 1 or e < 0:
+            raise DepthlabError(f"--experts {entry!r} is not BLOCK:EXPERT (block from 1, expert from 0), e.g. 2:5")
+        out.setdefault(b, []).append(e)
+    return out
 
 
 def check_blocks(blocks: list[int], n_layers: int | None) -> None:

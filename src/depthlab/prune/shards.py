@@ -153,22 +153,37 @@ def pruned_config(src: Path, removed: list[int], provenance: dict[str, Any] | No
     return config, keep, lns
 
 
+#: How a tensor changes beyond the blocks removed, by checkpoint key: (its new key, or None when it goes; the rows
+#: along dim 0 it keeps, or None when whole). ``prune --unit expert``'s experts (:func:`depthlab.hf.experts.key_plan`).
+Rekey = dict[str, tuple["str | None", "list[int] | None"]]
+
+
 def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: dict[str, Any] | None = None,
-                        tokenizer: Any = None, zeroed: frozenset[str] = frozenset()) -> dict[str, Any]:
+                        tokenizer: Any = None, zeroed: frozenset[str] = frozenset(), rekey: Rekey | None = None,
+                        edit_config: Any = None) -> dict[str, Any]:
     """Write the checkpoint of ``src`` without blocks ``removed`` (1-based) into ``out``, the tensors ``zeroed``
-    (checkpoint keys: ``prune --unit``'s output projections) written as zeros; returns what was written (files,
+    (checkpoint keys: ``prune --unit``'s output projections) written as zeros, those of ``rekey`` renamed, dropped
+    or cut to some rows, and the config changed by ``edit_config(config)`` too; returns what was written (files,
     bytes). Refuses, before writing anything, when the disk has no room for it."""
     from depthlab.hf.tokenizers import hf_tokenizer
     from depthlab.models.schemes import lns_scale
 
     config, keep, lns = pruned_config(src, removed, provenance)
+    if edit_config is not None:
+        edit_config(config)
     fam = family_of(config.model_type, "prune")
     pattern = layer_key(fam)
     renumber = {old: new for new, old in enumerate(keep)}
     files = safetensors_files(src)
+    rekey = rekey or {}
     plans = []
     for file in files:
         names = {k: r for k in read_header(file) if (r := _renamed(k, renumber, pattern)) is not None}
+        for k in rekey.keys() & names.keys():  # experts: applied to keys whose layer stays (no block goes with them)
+            if rekey[k][0] is None:
+                del names[k]
+            else:
+                names[k] = rekey[k][0]
         plans.append((file, names))
     need = sum(h["data_offsets"][1] - h["data_offsets"][0] for file, names in plans
                for k, h in read_header(file).items() if k in names)
@@ -186,6 +201,8 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
         folded, shapes = {}, {}
         for old_name, new_name in names.items():
             cut = layer_slice_index(fam, old_name, config, keep)
+            if cut is None and old_name in rekey and rekey[old_name][1] is not None:
+                cut = (0, rekey[old_name][1])
             if cut is not None:
                 folded[new_name], shapes[new_name] = _sliced(file, old_name, *cut)
         if lns:

@@ -158,6 +158,10 @@ def check_plan(request: Request, plan: EnginePlan) -> None:
     if opts.generate:
         raise DepthlabError("--generate needs the model in memory; the streamed engine scores likelihood only "
                             "(--no-stream)")
+    if opts.unit == "expert" and opts.heal.steps > 0:
+        raise DepthlabError("--heal with --unit expert needs the model in memory (the streamed heal reads the checkpoint's "
+                            "tensors by module name, and experts are stored one by one); drop --heal-steps or add "
+                            "--no-stream")
     if opts.unit != "block" and opts.heal.steps > 0:
         raise DepthlabError(f"--heal with --unit {opts.unit} needs the model in memory (healing the written checkpoint "
                             "would move its zeroed projections); drop --heal-steps or add --no-stream")

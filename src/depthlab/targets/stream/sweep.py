@@ -23,6 +23,7 @@ inputs continues after the last saved layer, with the same numbers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -35,9 +36,9 @@ import torch
 
 from depthlab.base.errors import DepthlabError
 from depthlab.base.progress import progress
-from depthlab.targets.branches import unit_modules, zeroed
+from depthlab.targets.branches import UNITS, unit_modules, zeroed
 from depthlab.targets.engine import MEMORY_FRACTION, available_memory, gib
-from depthlab.targets.stream.lanes import Lane, Layout
+from depthlab.targets.stream.lanes import EXPERT, Lane, Layout
 from depthlab.targets.stream.resume import PassState, fingerprint
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,8 @@ class Sweeper:
                 call = self.source.layer_calls(T)[j - 1]
                 step = max(1, max_rows // (B * T))
                 for a, b, units in runs:
-                    with zeroed(*(unit_modules([layer], u)[0] for u in units)):
+                    with zeroed(*(unit_modules([layer], u)[0] for u in units if u in UNITS)), \
+                            self._experts_removed(j, layer, units):
                         for c in range(a, b, step):
                             d = min(b, c + step)
                             out = call(layer, buf[c:d].reshape((d - c) * B, T, -1), batch.ids.to(self.target.device))
@@ -300,6 +302,19 @@ class Sweeper:
                         kept[1][i][-1], buf[0])
                     bar.update(1)
         self.stats.layers_computed += 1
+
+    def _experts_removed(self, j: int, layer: Any, changes: tuple[str, ...]) -> Any:
+        """Block j computing without the experts ``changes`` names (``expert:E``), for the duration."""
+        gone = [int(c[len(EXPERT):]) for c in changes if c.startswith(EXPERT)]
+        if not gone:
+            return contextlib.nullcontext()
+        from depthlab.hf.experts import experts_removed, experts_spec, moe_layers
+
+        config = self.source.skeleton.config
+        moe = moe_layers([layer], experts_spec(config), config)
+        if not moe:
+            raise DepthlabError(f"block {j} has no routed experts; a lane cannot remove experts {gone} from it")
+        return experts_removed(moe, {1: gone})
 
     def _head(self, batches: list[SweepBatch], offset: int, bufs: list[torch.Tensor], kept: list[list[torch.Tensor]],
               layout: Layout, consumer: Consumer, bar: Any) -> None:
