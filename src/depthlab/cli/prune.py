@@ -8,7 +8,7 @@ import argparse
 from depthlab.base.devices import DEVICE_HELP
 from depthlab.cli._args import device_precision, precision_flags
 from depthlab.cli._options import Section, add_config_flag
-from depthlab.prune.options import EXPERT_METHODS, HEAL_MODES, METHODS, HealOptions, PruneOptions
+from depthlab.prune.options import EXPERT_METHODS, HEAL_MODES, LINEAR_FORMS, METHODS, HealOptions, PruneOptions
 
 USAGE = """\
 examples:
@@ -40,7 +40,7 @@ PRUNE = Section("prune", PruneOptions, exclude=("heal",), choices={"method": MET
 #: What --weights auto means here: healing trains the weights, so they stay fp32 unless asked.
 AUTO_WEIGHTS = "fp32 (full healing trains them); bf16 with --heal lora (the frozen base)"
 HEAL = Section("heal", HealOptions, prefix="heal-", exclude=("data", "seq_len", "progress"), rename={"mode": "heal"},
-               choices={"mode": HEAL_MODES}, title="healing")
+               choices={"mode": HEAL_MODES, "linear": LINEAR_FORMS}, title="healing")
 
 
 def register(subparsers) -> None:

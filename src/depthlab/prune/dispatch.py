@@ -26,6 +26,7 @@ from depthlab.prune import pipeline, streamed, streamed_units
 from depthlab.prune.options import PruneOptions
 from depthlab.targets.engine import engine_of
 from depthlab.targets.frame import Checks, Request, check_out, checked
+from depthlab.targets.layers import find_layers
 from depthlab.targets.stream.sweep import SweepSettings
 
 
@@ -48,6 +49,11 @@ def check_model(request: Request, target: Any) -> None:
             pipeline.check_model(target, opts)
             experts.check_in_memory(target, opts)
         return
+    if opts.heal.mode == "linear":
+        from depthlab.prune.heal_linear import check_linear
+
+        layers = target.source.layers if engine_of(target) == "streamed" else find_layers(target.model)
+        check_linear(target, layers, opts.blocks)
     if engine_of(target) == "streamed":
         streamed.check_model(request, target)
         if opts.unit != "block":

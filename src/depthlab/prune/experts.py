@@ -260,7 +260,7 @@ def prune_experts_in_memory(target: Any, opts: PruneOptions, out: str | Path, co
     losses: dict[str, float | None] = {"original": base, "pruned": measure.loss({}), "healed": None}
     _generative(target, model, opts, gen, "pruned")
     heal_info = None
-    if opts.heal.steps > 0:
+    if opts.heal.active:
         from depthlab.prune.heal import heal
 
         model, heal_info = heal(model, target.tokenizer, opts.heal)

@@ -12,7 +12,8 @@ EXPERT_METHODS = ("reap", "frequency", "random")  # how routed experts are chose
 UNIT_CHOICES = ("block", "attn", "mlp", "expert")  # what one removal takes out: a block, one block's attention or MLP,
 #                                                   or one routed expert of an MoE block
 SHARED = "shared"  # what --experts calls a block's shared expert (refused: every token reads it)
-HEAL_MODES = ("full", "lora")
+HEAL_MODES = ("full", "lora", "linear")
+LINEAR_FORMS = ("full", "diagonal", "lowrank")  # the map --heal linear fits per removed span (depthlab.prune.heal_linear)
 
 
 @dataclass
@@ -20,22 +21,38 @@ class HealOptions:
     """Short continued training of a pruned model (all weights, or LoRA adapters merged back)."""
 
     data: str = "builtin"  # a depthlab data spec; its train split is used
-    steps: int = 0  # continued-training steps after pruning (0: no healing)
-    mode: str = "full"  # train all weights, or LoRA adapters (needs peft): full | lora
+    steps: int = 0  # continued-training steps after pruning (0: no healing; --heal linear takes none)
+    mode: str = "full"  # train all weights, LoRA adapters (needs peft), or fit a map per removed span: full | lora | linear
     lr: float = 1e-4  # AdamW learning rate
     batch_size: int = 8  # sequences per healing step
     seq_len: int = 256  # tokens per healing sequence
     warmup: int = 10  # steps of linear warm-up
     lora_rank: int = 16  # rank of the LoRA adapters
     seed: int = 0  # data order and adapter init
+    linear: str = "full"  # --heal linear's map per removed span: full (d x d) | diagonal | lowrank (identity + rank r)
+    linear_rank: int = 64  # --heal linear lowrank: the rank r of its correction to the identity
+    calib_tokens: int = 8192  # --heal linear: calibration tokens (the train split of --data) it is fitted on
     checkpoint: bool | None = None  # recompute activations in the backward (default: if they outweigh weights or 1/4 free memory)
     return_memory: bool = True  # give freed activations back to the system (glibc): ~2.5x less peak, ~1.5x step time
     progress: bool = True  # a progress bar
+
+    @property
+    def active(self) -> bool:
+        """Whether the pruned model is healed: training steps asked for, or the linear map (which takes none)."""
+        return self.steps > 0 or self.mode == "linear"
 
     def validate(self) -> None:
         """Refuse, in one line naming the flag and the value, what cannot work (before anything is loaded)."""
         if self.mode not in HEAL_MODES:
             raise DepthlabError(f"unknown --heal {self.mode!r}; {choices(HEAL_MODES)}")
+        if self.mode == "linear":
+            if self.steps:
+                raise DepthlabError(f"--heal linear fits its maps by least squares, with no training steps; drop "
+                                    f"--heal-steps {self.steps}")
+            if self.linear not in LINEAR_FORMS:
+                raise DepthlabError(f"unknown --heal-linear {self.linear!r}; {choices(LINEAR_FORMS)}")
+            check_int("--heal-linear-rank", self.linear_rank, 1)
+            check_int("--heal-calib-tokens", self.calib_tokens, 1, MAX_TOKENS)
         check_int("--heal-steps", self.steps, 0)
         check_number("--heal-lr", self.lr, above=0, maximum=1e6)
         check_int("--heal-batch-size", self.batch_size, 1)

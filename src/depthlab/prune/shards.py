@@ -160,11 +160,12 @@ Rekey = dict[str, tuple["str | None", "list[int] | None"]]
 
 def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: dict[str, Any] | None = None,
                         tokenizer: Any = None, zeroed: frozenset[str] = frozenset(), rekey: Rekey | None = None,
-                        edit_config: Any = None) -> dict[str, Any]:
+                        edit_config: Any = None, replace: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Write the checkpoint of ``src`` without blocks ``removed`` (1-based) into ``out``, the tensors ``zeroed``
-    (checkpoint keys: ``prune --unit``'s output projections) written as zeros, those of ``rekey`` renamed, dropped
-    or cut to some rows, and the config changed by ``edit_config(config)`` too; returns what was written (files,
-    bytes). Refuses, before writing anything, when the disk has no room for it."""
+    (checkpoint keys: ``prune --unit``'s output projections) written as zeros, those of ``replace`` (checkpoint key ->
+    a tensor of the same shape and dtype: ``--heal linear``'s folded down projections) in their place, those of
+    ``rekey`` renamed, dropped or cut to some rows, and the config changed by ``edit_config(config)`` too; returns
+    what was written (files, bytes). Refuses, before writing anything, when the disk has no room for it."""
     from depthlab.hf.tokenizers import hf_tokenizer
     from depthlab.models.schemes import lns_scale
 
@@ -212,6 +213,8 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
                     folded[new_name] = _folded(file, old_name, lns_scale(int(m.group(2)) + 1), fam.norm_offset)
         for old_name in zeroed.intersection(names):  # calloc'd: zero pages, not resident memory
             folded[names[old_name]] = bytes(_nbytes(read_header(file)[old_name]))
+        for old_name in (replace or {}).keys() & names.keys():
+            folded[names[old_name]] = replace[old_name].contiguous().view(torch.uint8).numpy().tobytes()
         total += _write_shard(file, out / shard, names, folded, shapes)
         weight_map.update(dict.fromkeys(names.values(), shard))
     if not single:

@@ -211,16 +211,30 @@ def prune_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command:
     if not measure.text:
         raise DepthlabError("the held-out data gave no tokens to evaluate")
     before, sel = choose_streamed(measure, opts)
+    replace, linear = None, None
+    if opts.heal.mode == "linear":  # the maps, fitted on the original's activations; folded as the shards are written
+        from depthlab.prune.heal_linear import heal_streamed
+
+        replace, linear = heal_streamed(target, sel.removed, opts, settings)
     with publish_dir(out) as tmp:
         written = write_pruned_shards(target.path, sel.removed, tmp, {"pruned_from": str(target.name),
                                       "removed_blocks": sel.removed, "method": sel.method,
-                                      "healed_steps": opts.heal.steps}, target.tokenizer)
+                                      "healed_steps": opts.heal.steps, "healed": opts.heal.mode if opts.heal.active
+                                      else None}, target.tokenizer, replace=replace)
         pruned = open_streamed(str(tmp), target.device, target.source.dtype, target.source.compute_dtype)
         after_measure = StreamedMeasure(pruned, measure.text, settings)
         after = after_measure.survey("survey-pruned")
         ids = measure.text[0].ids[:2, :64]
-        check = verify_streamed(measure, after_measure, ids, sel.removed, tmp)
+        if linear is not None:
+            check = verify_linear_streamed(after_measure, ids, tmp)
+        else:
+            check = verify_streamed(measure, after_measure, ids, sel.removed, tmp)
         report = _report(target, pruned, opts, sel, before, after, batches, measure, after_measure)
+        if linear is not None:  # the written checkpoint is the healed one; the pruned loss is the selection's
+            report["loss"].update(pruned=sel.loss, healed=after.loss)
+            report["ppl"].update(pruned=perplexity(sel.loss), healed=perplexity(after.loss))
+            report["angular"]["healed"] = report["angular"].pop("pruned")
+            report["heal"] = linear
         if opts.heal.steps > 0:
             check = _heal_streamed(target, opts, tmp, ids, measure.text, settings, report, check)
         report.update(export={**check, "dir": str(out), "written": written}, command=command,
@@ -301,6 +315,23 @@ def verify_streamed(original: StreamedMeasure, pruned: StreamedMeasure, ids: tor
                  "transformers' generate", size)
         return check
     check.update(transformers_check(out, ids, ref, target.source.compute_dtype, target.device))
+    return check
+
+
+def verify_linear_streamed(healed: StreamedMeasure, ids: torch.Tensor, out: Path) -> dict[str, Any]:
+    """The linearly healed checkpoint read layer by layer against plain ``transformers``' load of it (logits, cached
+    ``generate``) when it fits in memory (the maps change the function: there is no original to skip blocks in)."""
+    got = healed.logits(ids, [], "probe-healed")
+    target = healed.target
+    check: dict[str, Any] = {"max_abs_logit_diff_vs_skipping_in_original": None, "max_abs_logit_diff": None,
+                             "loaded_with": "depthlab, layer by layer", "n_layers_loaded": target.source.n_layers,
+                             "architecture": target.info["architecture"], "generated_tokens": None,
+                             "generate_cache_matches_no_cache": None,
+                             "compared": "transformers' load of the healed checkpoint vs depthlab's layer-by-layer read"}
+    free, need = available_memory(target.device), stored_bytes(locate(str(out)), target.source.compute_dtype)
+    if free is not None and need > MEMORY_FRACTION * free:
+        return check
+    check.update(transformers_check(out, ids, got, target.source.compute_dtype, target.device))
     return check
 
 

@@ -12,7 +12,7 @@ each candidate born at its block with its unit zeroed too); each joint loss (``-
 
 The export is the checkpoint copied shard by shard with the removed units' output projections (``o_proj`` /
 ``down_proj`` and their biases, found by the table the in-memory export uses,
-:data:`depthlab.prune.units.OUT_PROJ`, on the model's own layer classes) written as zeros
+:data:`depthlab.prune.projections.OUT_PROJ`, on the model's own layer classes) written as zeros
 (:func:`depthlab.prune.shards.write_pruned_shards`): the same architecture and depth, which plain ``transformers``
 loads with the in-memory unit-pruned export's logits, and no faster there. It is checked layer by layer (the
 written files against the original with those branches zeroed) and, when it fits in memory, with plain
