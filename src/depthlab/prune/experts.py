@@ -273,7 +273,8 @@ def prune_experts_in_memory(target: Any, opts: PruneOptions, out: str | Path, co
                                                "method": report["method"]})
         check = verify_export(tmp, model, ids)
         if heal_info is None:
-            check["max_abs_logit_diff_vs_removed_in_original"] = float((lm_logits(model, ids).float() - masked).abs().max())
+            with torch.no_grad():
+                check["max_abs_logit_diff_vs_removed_in_original"] = float((lm_logits(model, ids).float() - masked).abs().max())
         report["export"] = {**check, "dir": str(out)}
         report["latency"] = _latency(original["latency"], model, ids, opts.latency_tokens)
         report["seconds"] = round(time.time() - t0, 2)
