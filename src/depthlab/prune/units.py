@@ -39,6 +39,7 @@ from depthlab.prune.pipeline import check_in_memory, held_out_batches
 from depthlab.prune.projections import output_projection
 from depthlab.prune.prune_report import units_report, write_units_report
 from depthlab.prune.select import largest_within_budget
+from depthlab.prune.skip import write_skip
 from depthlab.targets.branches import UNITS, check_sublayers, unit_modules, zeroed
 from depthlab.targets.layers import find_layers
 
@@ -251,8 +252,9 @@ def prune_units_in_memory(target: Any, opts: Any, out: str | Path, command: str 
         final_hf = hf_model_of(pruned)
         write_hf(final_hf, tmp, target.tokenizer, {"pruned_from": str(target.name), "removed_units": opts.unit,
                                                    "removed_blocks": removed, "method": report["method"]})
+        skip = write_skip(tmp, opts.unit, removed)  # before the check: plain transformers loads it as written
         report["export"] = {**verify_export(tmp, final_hf, ids), "dir": str(out),
-                            "max_abs_logit_diff_zeroed_vs_hooked": zero_diff}
+                            "max_abs_logit_diff_zeroed_vs_hooked": zero_diff, "per_layer_config": skip}
         report["latency"] = _latency(target.model, pruned, final_hf, opts, removed, ids)
         report["seconds"] = round(time.time() - t0, 2)
         write_units_report(report, tmp)
