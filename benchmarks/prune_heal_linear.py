@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> dict:
     subprocess.run(["rm", "-rf", str(out)], check=True)
     out.mkdir(parents=True)
     src = Path(args.src)
-    common = ["--tokens", str(args.tokens), "--weights", "fp32", "--generate", "builtin-arith", "--generate-limit", str(args.generate_limit),
-              "--no-progress"]
+    common = ["--tokens", str(args.tokens), "--weights", "fp32", "--generate", "builtin-arith",
+              "--generate-limit", str(args.generate_limit), "--no-progress"]
     runs = {"none": prune("none", out, common, ["--remove", str(args.remove), "--method", "angular-block"], src)}
     blocks = ",".join(map(str, runs["none"]["removed_blocks"]))
     runs["linear"] = prune("linear", out, common, ["--blocks", blocks, "--heal", "linear"], src)
