@@ -27,7 +27,7 @@ def _one_thread(one_thread):
 
 
 def _opts(blocks, form="full", **heal):
-    return PruneOptions(**OPTS, blocks=blocks, heal=HealOptions(mode="linear", linear=form, calib_tokens=192,
+    return PruneOptions(**OPTS, blocks=blocks, heal=HealOptions(mode="linear", linear=form, calib_tokens=160,
                                                                 progress=False, **heal))
 
 
@@ -98,7 +98,7 @@ def test_linear_heal_export_is_the_original_with_each_span_replaced_by_the_naive
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
     heal = rep["heal"]
     assert heal["mode"] == "linear" and heal["spans"] == [list(s) for s in spans(removed)]
-    assert heal["calibration_tokens"] == sum(x.numel() for x, _ in batches) >= 192
+    assert heal["calibration_tokens"] == sum(x.numel() for x, _ in batches) == 160  # 5 rows of 32: the last batch cut to 1 row
     assert all(0 <= e <= i + 1e-9 for e, i in zip(heal["relative_error"], heal["identity_error"]))  # T = I is a candidate
     assert rep["loss"]["healed"] is not None and rep["n_layers"]["pruned"] == 7 - len(removed)
     assert rep["export"]["max_abs_logit_diff"] < 1e-5

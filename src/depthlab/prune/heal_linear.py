@@ -181,8 +181,12 @@ def calibration(target: Any, opts: HealOptions, seq_len: int, batch_size: int) -
     from depthlab.data import load_sequences
 
     seqs = load_sequences(opts.data, target.tokenizer, seq_len, split="train", seed=opts.seed)
-    rows = max(1, -(-opts.calib_tokens // seq_len))
-    return [seqs.rank_batch(i, batch_size) for i in range(-(-rows // batch_size))]
+    rows, out = max(1, -(-opts.calib_tokens // seq_len)), []
+    for i in range(-(-rows // batch_size)):
+        x, y = seqs.rank_batch(i, batch_size)
+        n = min(batch_size, rows - i * batch_size)  # the last batch: only the rows still wanted
+        out.append((x[:n], y[:n]))
+    return out
 
 
 def record(fit: SpanFit, maps: dict[int, torch.Tensor], rr: dict[int, float], opts: HealOptions, seconds: float
