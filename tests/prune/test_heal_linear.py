@@ -126,13 +126,19 @@ def test_streamed_linear_heal_equals_in_memory(tmp_path):
         assert json.loads((tmp_path / d / "config.json").read_text())["depthlab"]["healed"] == "linear"
 
 
-def test_selection_under_a_linear_heal_keeps_block_1(tmp_path):
-    """--remove chooses among sets that keep block 1 (its span would have no block to fold into)."""
+@pytest.mark.parametrize("engine", ["memory", "streamed"])
+def test_selection_under_a_linear_heal_keeps_block_1(tmp_path, engine):
+    """--remove chooses among sets that keep block 1 (its span would have no block to fold into), on both engines."""
     path = hf_dir(tmp_path, "llama", 4)
-    rep = prune_target(load_target(str(path)), PruneOptions(**OPTS, remove=3, method="angular-block",
-                                                             heal=HealOptions(mode="linear", calib_tokens=64,
-                                                                              progress=False)), tmp_path / "out")
-    assert rep["removed_blocks"] == [2, 3, 4] and rep["heal"]["fold"] == [1]
+    target = load_target(str(path)) if engine == "memory" else open_streamed(str(path))
+    free = prune_target(target, PruneOptions(**OPTS, remove=2, method="influence"), tmp_path / "free")
+    assert free["removed_blocks"] == [1, 4]  # this model's unconstrained choice takes block 1
+    target = load_target(str(path)) if engine == "memory" else open_streamed(str(path))
+    rep = prune_target(target, PruneOptions(**OPTS, remove=2, method="influence",
+                                            heal=HealOptions(mode="linear", calib_tokens=64, progress=False)),
+                       tmp_path / "out")
+    assert 1 not in rep["removed_blocks"] and len(rep["removed_blocks"]) == 2
+    assert rep["heal"]["fold"] == [a - 1 for a, _ in spans(rep["removed_blocks"])]
 
 
 def _exit_2(argv, capsys, *needles):

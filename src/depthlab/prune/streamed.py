@@ -35,8 +35,8 @@ from depthlab.base.errors import DepthlabError
 from depthlab.base.metrics import perplexity
 from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.options import PruneOptions
-from depthlab.prune.pipeline import check_options, held_out_batches
-from depthlab.prune.select import InfluenceAccumulator, Selection, Survey, block_limits, check_blocks, select_blocks
+from depthlab.prune.pipeline import allowed_of, check_options, held_out_batches
+from depthlab.prune.select import InfluenceAccumulator, Selection, Survey, check_blocks, select_blocks
 from depthlab.prune.shards import write_pruned_shards
 from depthlab.targets.engine import MEMORY_FRACTION, EnginePlan, available_memory, engine_record
 from depthlab.targets.frame import Request
@@ -188,7 +188,7 @@ def choose_streamed(measure: StreamedMeasure, opts: PruneOptions) -> tuple[Surve
         return before, Selection("user", blocks, measure.joint_loss(blocks))
     sel = select_blocks(opts.method, measure, None, before, remove=opts.remove, budget=opts.budget,
                         joint_loss=measure.joint_loss, losses_of=measure.greedy_losses,
-                        allowed=block_limits(measure.target.source.skeleton.config))
+                        allowed=allowed_of(measure.target.source.skeleton.config, opts))
     if not sel.removed:
         raise DepthlabError(f"no block can be removed within --budget {opts.budget:g} nats with method {opts.method} "
                             f"(held-out loss {before.loss:.4f}); raise the budget")
