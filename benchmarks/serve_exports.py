@@ -69,7 +69,7 @@ def build(args: argparse.Namespace, work: Path) -> dict[str, Path]:
         jobs = {}
     jobs["attn-8"] = ["--unit", "attn", "--remove", "8", "--method", "angular-block"]
     jobs["attn-8-lora"] = ["--unit", "attn", "--remove", "8", "--method", "angular-block", "--heal", "lora",
-                           "--heal-steps", str(args.heal_steps), "--heal-batch-size", "8"]
+                           "--heal-steps", str(args.heal_steps), "--heal-batch-size", str(args.heal_batch_size)]
     for name, extra in jobs.items():
         dest = work / name
         if not (dest / "prune.json").is_file():
@@ -117,6 +117,7 @@ def main() -> None:
     ap.add_argument("--heal-dir", help="benchmarks/prune_heal_linear.py's output folder (its none/linear/lora exports)")
     ap.add_argument("--tokens", type=int, default=1024, help="held-out tokens of the prunes built here")
     ap.add_argument("--heal-steps", type=int, default=20, help="LoRA steps of the attention export's heal")
+    ap.add_argument("--heal-batch-size", type=int, default=4)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
