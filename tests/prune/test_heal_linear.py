@@ -165,3 +165,12 @@ def test_linear_heal_refuses_what_it_cannot_fold_before_any_work(tmp_path, capsy
     out = tmp_path / "out"
     _exit_2(["prune", str(path), "--heal", "linear", *extra, stream, "--out", str(out), *FAST], capsys, *needles)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kind, needles", [("gemma2", ("post_feedforward_layernorm", "use --heal lora")),
+                                           ("qwen2_moe", ("no single MLP down projection", "use --heal lora"))])
+def test_linear_heal_refuses_blocks_it_cannot_fold_into(tmp_path, capsys, kind, needles):
+    path = hf_dir(tmp_path, kind, 3)
+    out = tmp_path / "out"
+    _exit_2(["prune", str(path), "--heal", "linear", "--blocks", "2", "--out", str(out), *FAST], capsys, *needles)
+    assert not out.exists()
