@@ -163,6 +163,7 @@ def _exit_2(argv, capsys, *needles):
 def test_linear_heal_refuses_what_it_cannot_fold_before_any_work(tmp_path, capsys, extra, needles, stream):
     path = hf_dir(tmp_path, "llama", 4)
     out = tmp_path / "out"
+    capsys.readouterr()  # what writing the fixture printed (transformers' shard bar)
     _exit_2(["prune", str(path), "--heal", "linear", *extra, stream, "--out", str(out), *FAST], capsys, *needles)
     assert not out.exists()
 
@@ -172,5 +173,6 @@ def test_linear_heal_refuses_what_it_cannot_fold_before_any_work(tmp_path, capsy
 def test_linear_heal_refuses_blocks_it_cannot_fold_into(tmp_path, capsys, kind, needles):
     path = hf_dir(tmp_path, kind, 3)
     out = tmp_path / "out"
+    capsys.readouterr()  # what writing the fixture printed (transformers' shard bar)
     _exit_2(["prune", str(path), "--heal", "linear", "--blocks", "2", "--out", str(out), *FAST], capsys, *needles)
     assert not out.exists()
