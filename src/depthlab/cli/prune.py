@@ -8,7 +8,7 @@ import argparse
 from depthlab.base.devices import DEVICE_HELP
 from depthlab.cli._args import device_precision, precision_flags
 from depthlab.cli._options import Section, add_config_flag
-from depthlab.prune.options import HEAL_MODES, METHODS, HealOptions, PruneOptions
+from depthlab.prune.options import EXPERT_METHODS, HEAL_MODES, LINEAR_FORMS, METHODS, HealOptions, PruneOptions
 
 USAGE = """\
 examples:
@@ -36,11 +36,11 @@ block at each step (about L/2 forward passes per step; SmolLM2, 2,048 tokens, on
 
 
 #: Every PruneOptions / HealOptions field is a flag (``depthlab.cli._options``); its help is the field's comment.
-PRUNE = Section("prune", PruneOptions, exclude=("heal",), choices={"method": METHODS})
+PRUNE = Section("prune", PruneOptions, exclude=("heal",), choices={"method": METHODS + EXPERT_METHODS})
 #: What --weights auto means here: healing trains the weights, so they stay fp32 unless asked.
 AUTO_WEIGHTS = "fp32 (full healing trains them); bf16 with --heal lora (the frozen base)"
 HEAL = Section("heal", HealOptions, prefix="heal-", exclude=("data", "seq_len", "progress"), rename={"mode": "heal"},
-               choices={"mode": HEAL_MODES}, title="healing")
+               choices={"mode": HEAL_MODES, "linear": LINEAR_FORMS}, title="healing")
 
 
 def register(subparsers) -> None:

@@ -60,6 +60,23 @@ class Conversion:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """Where a family's routed experts sit in a decoder layer (every path relative to the layer, then to ``block``):
+    what ``prune --unit expert`` measures and cuts (:mod:`depthlab.hf.experts`). A layer is an MoE layer when
+    ``block`` holds ``experts`` (DeepSeek's first dense layers, Llama 4's interleaved ones are not)."""
+
+    count: str  # the config field of the routed-expert count, cut with the experts (num_experts, n_routed_experts, ...)
+    block: str = "mlp"  # the layer's MoE module
+    router: str = "gate"  # the router, in the block: its rows (weight, bias, score correction) are per expert
+    experts: str = "experts"  # the routed experts, in the block: every tensor's first dim is the expert
+    shared: tuple[str, ...] = ()  # the block's shared experts (and their gates): every token reads them, never removed
+    dense: bool = False  # every expert runs on the gate-scaled input (Llama 4), not on its top-k tokens only
+    groups: str = ""  # config field: the router picks groups of experts first (DeepSeek-V3 n_group); the same
+    #                   number goes from each group
+    fixed_routes: tuple[str, ...] = ()  # mlp_layer_types whose routes are a fixed token table (DeepSeek-V4 hash_moe)
+
+
+@dataclass(frozen=True)
 class Family:
     """What depthlab needs to know of one transformers decoder family, the rest generic."""
 
@@ -92,6 +109,7 @@ class Family:
     count: str = "num_hidden_layers"  # the config field holding the number of blocks (Qwen-VL's vision towers: depth)
     wrapped: str = ""  # a text tower transformers builds only inside this image-text-to-text wrapper (no causal LM
     #                    class of its own): tested through the wrapper (depthlab.hf.wrappers), not alone
+    experts: Experts | None = None  # its routed experts (MoE families): what ``prune --unit expert`` cuts
 
     def why_not(self, capability: str) -> str | None:
         return self.refused.get(capability)
@@ -123,6 +141,7 @@ class Family:
 
 # ---------------------------------------------------------------------------------------------- the registry
 _QWEN_WINDOW = ("max_window_layers",)
+_QWEN_SHARED = ("shared_expert", "shared_expert_gate")
 _NO_PRE = ("OLMo 2/3 normalise the branch outputs (post_attention/post_feedforward_layernorm), not the block "
            "inputs: there is no pre-norm to scale")
 _LLAMA = Conversion(export={"attention_bias": False, "mlp_bias": False})
@@ -158,25 +177,34 @@ _FAMILIES: tuple[Family, ...] = (
     Family("glm4", "GLM-4"),
     Family("gpt_neox", "GPT-NeoX, Pythia", base="gpt_neox", norm="final_layer_norm"),
     Family("gpt2", "GPT-2", base="transformer", blocks="h", norm="ln_f", pre_norms=("ln_1", "ln_2")),
-    Family("mixtral", "Mixtral", "MoE", tiny={"num_local_experts": 4, "num_experts_per_tok": 2}),
+    Family("mixtral", "Mixtral", "MoE", experts=Experts("num_local_experts"),
+           tiny={"num_local_experts": 4, "num_experts_per_tok": 2}),
     Family("qwen2_moe", "Qwen2-MoE", "MoE", index_lists=("mlp_only_layers",),
+           experts=Experts("num_experts", shared=_QWEN_SHARED),
            index_rules=("decoder_sparse_step", "max_window_layers"),
            tiny={**_MOE4, "shared_expert_intermediate_size": 32}),
     Family("qwen3_moe", "Qwen3-MoE", "MoE", index_lists=("mlp_only_layers",), index_rules=("decoder_sparse_step",),
+           experts=Experts("num_experts"),
            tiny=_MOE4),
-    Family("olmoe", "OLMoE", "MoE", tiny={"num_experts": 4, "num_experts_per_tok": 2}),
+    Family("olmoe", "OLMoE", "MoE", experts=Experts("num_experts"), tiny={"num_experts": 4, "num_experts_per_tok": 2}),
     Family("deepseek_v3", "DeepSeek-V3", "MoE", index_rules=("first_k_dense_replace",),
+           experts=Experts("n_routed_experts", shared=("shared_experts",), groups="n_group"),
            tiny={"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
                  "n_group": 1, "topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8,
                  "qk_nope_head_dim": 8, "v_head_dim": 8, "num_key_value_heads": 4}),
-    Family("gpt_oss", "gpt-oss", "MoE", tiny={"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8}),
+    Family("gpt_oss", "gpt-oss", "MoE", experts=Experts("num_local_experts", router="router"),
+           tiny={"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8}),
     Family("llama4_text", "Llama 4 (text)", "MoE", index_lists=("moe_layers",),
+           experts=Experts("num_local_experts", block="feed_forward", router="router", shared=("shared_expert",),
+                           dense=True),
            tiny={"num_local_experts": 2, "num_experts_per_tok": 1, "intermediate_size_mlp": 64,
                  "interleave_moe_layer_step": 2}),
     Family("qwen3_next", "Qwen3-Next", "hybrid", norm_offset=1.0, index_lists=("mlp_only_layers",),
-           index_rules=("decoder_sparse_step",), tiny={**_MOE4, **_LINEAR, "shared_expert_intermediate_size": 32}),
+           index_rules=("decoder_sparse_step",), experts=Experts("num_experts", shared=_QWEN_SHARED),
+           tiny={**_MOE4, **_LINEAR, "shared_expert_intermediate_size": 32}),
     Family("deepseek_v4", "DeepSeek-V4", "multi-stream", token_args=("input_ids",), row_args=("attention_mask",),
            streams="hc_mult", stream_collapse="hc_head",
+           experts=Experts("n_routed_experts", shared=("shared_experts",), fixed_routes=("hash_moe",)),
            tiny={"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
            tiny_fixup=draw_hash_routes),
 )

@@ -27,6 +27,7 @@ from depthlab.prune import pipeline, streamed, streamed_units, wrappers
 from depthlab.prune.options import PruneOptions
 from depthlab.targets.engine import engine_of
 from depthlab.targets.frame import Checks, Request, check_data, check_out, checked
+from depthlab.targets.layers import find_layers
 from depthlab.targets.stream.sweep import SweepSettings
 
 
@@ -63,6 +64,21 @@ def check_model(request: Request, target: Any) -> None:
     if wrappers.is_wrapper(target):  # an image-text-to-text wrapper: one of its towers
         wrappers.check_model(request, target)
         return
+    if opts.unit == "expert":
+        from depthlab.prune import experts
+
+        if engine_of(target) == "streamed":
+            streamed.check_model(request, target)
+            experts.check_experts(target.source.layers, target.source.skeleton.config, opts)
+        else:
+            pipeline.check_model(target, opts)
+            experts.check_in_memory(target, opts)
+        return
+    if opts.heal.mode == "linear":
+        from depthlab.prune.heal_linear import check_linear
+
+        layers = target.source.layers if engine_of(target) == "streamed" else find_layers(target.model)
+        check_linear(target, layers, opts.blocks)
     if engine_of(target) == "streamed":
         streamed.check_model(request, target)
         if opts.unit != "block":
@@ -104,8 +120,16 @@ def run(request: Request, target: Any, settings: SweepSettings | None = None) ->
     if engine_of(target) == "streamed":
         sweep = settings or SweepSettings(progress=opts.progress)
         sweep.state_dir = request.state
+        if opts.unit == "expert":
+            from depthlab.prune.streamed_experts import prune_experts_streamed
+
+            return prune_experts_streamed(target, opts, out, command, sweep)
         engine = streamed_units.prune_units_streamed if opts.unit != "block" else streamed.prune_streamed
         return engine(target, opts, out, command, sweep)
+    if opts.unit == "expert":
+        from depthlab.prune.experts import prune_experts_in_memory
+
+        return prune_experts_in_memory(target, opts, out, command)
     if opts.unit != "block":
         from depthlab.prune.units import prune_units_in_memory
 

@@ -40,6 +40,7 @@ from depthlab.prune.export import (
     write_hf,
 )
 from depthlab.prune.heal import check_heal, heal
+from depthlab.prune.heal_linear import first_block_rule, heal_in_memory
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.select import (
     Selection,
@@ -64,12 +65,26 @@ def check_options(opts: PruneOptions, n_layers: int | None = None, hf_config: An
     config cannot meet."""
     opts.validate(n_layers)
     check_heal(opts.heal)
+    if opts.heal.mode == "linear" and opts.unit != "block":
+        raise DepthlabError(f"--heal linear fits a map over each removed span of blocks; --unit {opts.unit} removes no "
+                            "block (heal it with --heal lora, or none)")
     if hf_config is not None and opts.blocks and opts.unit == "block":
         from depthlab.hf.families import check_config
 
         check_config(hf_config, "prune", opts.blocks)
-    if hf_config is not None and n_layers is not None and opts.remove is not None and opts.unit == "block":
-        check_removable(opts.method, opts.remove, n_layers, block_limits(hf_config))
+    if n_layers is not None and opts.remove is not None and opts.unit == "block":
+        allowed = allowed_of(hf_config, opts)
+        if allowed is not None:
+            check_removable(opts.method, opts.remove, n_layers, allowed)
+
+
+def allowed_of(hf_config: Any, opts: PruneOptions) -> Any:
+    """Which sets of blocks may go together: the family's config limits and, with ``--heal linear``, block 1 kept
+    (:func:`depthlab.prune.select.block_limits`, :func:`depthlab.prune.heal_linear.first_block_rule`); None: any."""
+    limits = block_limits(hf_config)
+    if opts.heal.mode != "linear":
+        return limits
+    return lambda blocks: first_block_rule(blocks) or (limits(blocks) if limits is not None else None)
 
 
 def hf_config_of(target: Target) -> Any:
@@ -104,7 +119,7 @@ def choose(target: Target, opts: PruneOptions, batches) -> tuple[Survey, Selecti
     passes = n_seq * (opts.remove or cap.n_layers) if opts.method == "removal" else None
     with _bar(passes, f"choosing blocks ({opts.method})", opts.progress) as bar:
         sel = select_blocks(opts.method, cap, batches, before, remove=opts.remove, budget=opts.budget,
-                            on_batch=bar.update, allowed=block_limits(hf_config_of(target)))
+                            on_batch=bar.update, allowed=allowed_of(hf_config_of(target), opts))
     if not sel.removed:
         raise DepthlabError(f"no block can be removed within --budget {opts.budget:g} nats with method {opts.method} "
                             f"(held-out loss {before.loss:.4f}); raise the budget")
@@ -183,6 +198,8 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
     ids = _probe_ids(batches)
     skip_ref = _capture(target.model).run_without(ids, sel.removed)
     original = _original_record(target.model, ids, batches.seq_len, opts.latency_tokens)  # before the surgery
+    finish_linear = (heal_in_memory(target, _capture(target.model), sel.removed, opts)[1]  # fitted on the original
+                     if opts.heal.mode == "linear" else None)
     pruned = prune_model(target.model, sel.removed)  # in place: no copy of the original is kept
     with torch.no_grad():
         skip_diff = float((lm_logits(pruned, ids).float() - skip_ref.float()).abs().max())
@@ -190,7 +207,9 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
     after = _survey(pruned, batches)
     _generative(target, pruned, opts, gen, "pruned")
     healed, heal_info = None, None
-    if opts.heal.steps > 0:
+    if finish_linear is not None:
+        healed, heal_info = pruned, finish_linear(find_layers(pruned))  # the maps folded in place
+    elif opts.heal.active:
         healed, heal_info = heal(pruned, target.tokenizer, opts.heal)  # in place: its survey is taken
     final = healed if healed is not None else pruned
     final_hf = hf_model_of(final)
@@ -198,7 +217,8 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
         with third_party_output(None if opts.progress else False):  # transformers' bars: on a terminal only
             write_hf(final_hf, tmp, target.tokenizer, {"pruned_from": str(target.name),
                                                        "removed_blocks": sel.removed, "method": sel.method,
-                                                       "healed_steps": opts.heal.steps})
+                                                       "healed_steps": opts.heal.steps,
+                                                       "healed": opts.heal.mode if opts.heal.active else None})
             check = verify_export(tmp, final_hf, ids)
         if INFERRED in str(target.info.get("layout")):  # nothing is published when the export is not exact
             exact = {**check, "max_abs_logit_diff_vs_skipping_in_original": skip_diff}

@@ -35,14 +35,20 @@ def summary_sentence(r: dict[str, Any]) -> str:
     loss, n = r["loss"], r["n_layers"]
     healed = ""
     if loss.get("healed") is not None:
-        healed = f", {loss['healed']:.4f} after {r['heal']['steps']} healing steps"
+        how = ("the linear heal" if r["heal"].get("mode") == "linear" else f"{r['heal']['steps']} healing steps")
+        healed = f", {loss['healed']:.4f} after {how}"
     c0, c1 = r["cost"]["original"], r["cost"]["pruned"]
     latency = f"generation latency x{1 / r['latency']['speedup']:.2f}; " if r.get("latency") else ""
     return (f"Removed blocks {ranges(r['removed_blocks'])} ({r['method']}; {n['original']} -> {n['pruned']} blocks): "
             f"held-out loss {loss['original']:.4f} -> {loss['pruned']:.4f}{healed}; parameters -"
             f"{100 * (1 - c1['params'] / c0['params']):.1f}%, FLOPs/token -"
             f"{100 * (1 - c1['flops_per_token'] / c0['flops_per_token']):.1f}%; "
-            f"{latency}export max |Δlogit| {r['export']['max_abs_logit_diff']:.2e}{_generation(r)}.")
+            f"{latency}export max |Δlogit| {_num(r['export']['max_abs_logit_diff'])}{_generation(r)}.")
+
+
+def _num(v: float | None, spec: str = ".2e") -> str:
+    """A number for the report, or "not measured" (None: e.g. a checkpoint too big to load whole)."""
+    return "not measured" if v is None else format(v, spec)
 
 
 def _generation(r: dict[str, Any]) -> str:
@@ -100,9 +106,9 @@ def render_html(r: dict[str, Any], figs: dict[str, Path]) -> str:
         _tables(r),
         "<h2>Export check</h2>",
         kv_table([("checkpoint", exp["dir"]), ("loaded as", exp["architecture"]),
-                  ("max |Δ logit| vs in-memory pruned model", f"{exp['max_abs_logit_diff']:.3e}"),
+                  ("max |Δ logit| vs in-memory pruned model", _num(exp["max_abs_logit_diff"], ".3e")),
                   ("max |Δ logit| vs original with blocks skipped",
-                   f"{exp['max_abs_logit_diff_vs_skipping_in_original']:.3e}"),
+                   _num(exp["max_abs_logit_diff_vs_skipping_in_original"], ".3e")),
                   ("generate with KV cache = without", exp["generate_cache_matches_no_cache"]),
                   ("depthlab run directory", r.get("run_dir")),
                   ("engine", (r.get("engine") or {}).get("line"))]),

@@ -176,24 +176,38 @@ def stored_layer_key(config: Any, fam: Family, keys: list[str]) -> re.Pattern:
     return modules
 
 
+#: How a tensor changes beyond the blocks removed, by checkpoint key: (its new key, or None when it goes; the rows
+#: along dim 0 it keeps, or None when whole). ``prune --unit expert``'s experts (:func:`depthlab.hf.experts.key_plan`).
+Rekey = dict[str, tuple["str | None", "list[int] | None"]]
+
+
 def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: dict[str, Any] | None = None,
-                        tokenizer: Any = None, zeroed: frozenset[str] = frozenset(), tower: str = "language"
-                        ) -> dict[str, Any]:
-    """Write the checkpoint of ``src`` without blocks ``removed`` (1-based) of ``tower`` (an image-text wrapper's:
-    the whole wrapper is written, its processor files copied) into ``out``, the tensors ``zeroed`` (checkpoint
-    keys: ``prune --unit``'s output projections) written as zeros; returns what was written (files, bytes).
-    Refuses, before writing anything, when the disk has no room for it."""
+                        tokenizer: Any = None, zeroed: frozenset[str] = frozenset(), rekey: Rekey | None = None,
+                        edit_config: Any = None, replace: dict[str, torch.Tensor] | None = None,
+                        tower: str = "language") -> dict[str, Any]:
+    """Write the checkpoint of ``src`` without blocks ``removed`` (1-based) of ``tower`` (a wrapper's: all of it
+    written, processor files copied) into ``out``: ``zeroed`` keys (``--unit``'s output projections) as zeros,
+    ``replace``'s tensors (``--heal linear``'s folded down projections) in their place, ``rekey``'s renamed, dropped
+    or cut to rows, the config changed by ``edit_config``; returns what was written. Refuses when the disk is short."""
     from depthlab.hf.tokenizers import hf_tokenizer
     from depthlab.models.schemes import lns_scale
 
     config, keep, lns = pruned_config(src, removed, provenance, tower)
+    if edit_config is not None:
+        edit_config(config)
     fam = tower_family(config, tower, "prune")
     files = safetensors_files(src)
     pattern = stored_layer_key(config, fam, [k for f in files for k in read_header(f)])
     renumber = {old: new for new, old in enumerate(keep)}
+    rekey = rekey or {}
     plans = []
     for file in files:
         names = {k: r for k in read_header(file) if (r := _renamed(k, renumber, pattern)) is not None}
+        for k in rekey.keys() & names.keys():  # experts: applied to keys whose layer stays (no block goes with them)
+            if rekey[k][0] is None:
+                del names[k]
+            else:
+                names[k] = rekey[k][0]
         plans.append((file, names))
     stored = {int(m.group(2)) for file in files for k in read_header(file) if (m := pattern.match(k))}
     n = len(keep) + len(set(removed))
@@ -217,6 +231,8 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
         folded, shapes = {}, {}
         for old_name, new_name in names.items():
             cut = layer_slice_index(fam, old_name, tower_config(config, tower), keep)
+            if cut is None and old_name in rekey and rekey[old_name][1] is not None:
+                cut = (0, rekey[old_name][1])
             if cut is not None:
                 folded[new_name], shapes[new_name] = _sliced(file, old_name, *cut)
         if lns:
@@ -226,6 +242,8 @@ def write_pruned_shards(src: Path, removed: list[int], out: Path, provenance: di
                     folded[new_name] = _folded(file, old_name, lns_scale(int(m.group(2)) + 1), fam.norm_offset)
         for old_name in zeroed.intersection(names):  # calloc'd: zero pages, not resident memory
             folded[names[old_name]] = bytes(_nbytes(read_header(file)[old_name]))
+        for old_name in (replace or {}).keys() & names.keys():
+            folded[names[old_name]] = replace[old_name].contiguous().view(torch.uint8).numpy().tobytes()
         total += _write_shard(file, out / shard, names, folded, shapes)
         weight_map.update(dict.fromkeys(names.values(), shard))
     if not single:

@@ -37,8 +37,8 @@ from depthlab.base.progress import logs_to_stderr
 from depthlab.hf.families import INFERRED
 from depthlab.prune.export import require_exact
 from depthlab.prune.options import PruneOptions
-from depthlab.prune.pipeline import check_options, held_out_batches
-from depthlab.prune.select import InfluenceAccumulator, Selection, Survey, block_limits, check_blocks, select_blocks
+from depthlab.prune.pipeline import allowed_of, check_options, held_out_batches
+from depthlab.prune.select import InfluenceAccumulator, Selection, Survey, check_blocks, select_blocks
 from depthlab.prune.shards import write_pruned_shards
 from depthlab.targets.engine import MEMORY_FRACTION, EnginePlan, available_memory, engine_record
 from depthlab.targets.frame import Request
@@ -160,6 +160,10 @@ def check_plan(request: Request, plan: EnginePlan) -> None:
     if opts.generate:
         raise DepthlabError("--generate needs the model in memory; the streamed engine scores likelihood only "
                             "(--no-stream)")
+    if opts.unit == "expert" and opts.heal.steps > 0:
+        raise DepthlabError("--heal with --unit expert needs the model in memory (the streamed heal reads the checkpoint's "
+                            "tensors by module name, and experts are stored one by one); drop --heal-steps or add "
+                            "--no-stream")
     if opts.unit != "block" and opts.heal.steps > 0:
         raise DepthlabError(f"--heal with --unit {opts.unit} needs the model in memory (healing the written checkpoint "
                             "would move its zeroed projections); drop --heal-steps or add --no-stream")
@@ -186,7 +190,7 @@ def choose_streamed(measure: StreamedMeasure, opts: PruneOptions) -> tuple[Surve
         return before, Selection("user", blocks, measure.joint_loss(blocks))
     sel = select_blocks(opts.method, measure, None, before, remove=opts.remove, budget=opts.budget,
                         joint_loss=measure.joint_loss, losses_of=measure.greedy_losses,
-                        allowed=block_limits(measure.target.source.skeleton.config))
+                        allowed=allowed_of(measure.target.source.skeleton.config, opts))
     if not sel.removed:
         raise DepthlabError(f"no block can be removed within --budget {opts.budget:g} nats with method {opts.method} "
                             f"(held-out loss {before.loss:.4f}); raise the budget")
@@ -209,18 +213,32 @@ def prune_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command:
     if not measure.text:
         raise DepthlabError("the held-out data gave no tokens to evaluate")
     before, sel = choose_streamed(measure, opts)
+    replace, linear = None, None
+    if opts.heal.mode == "linear":  # the maps, fitted on the original's activations; folded as the shards are written
+        from depthlab.prune.heal_linear import heal_streamed
+
+        replace, linear = heal_streamed(target, sel.removed, opts, settings)
     with publish_dir(out) as tmp:
         written = write_pruned_shards(target.path, sel.removed, tmp, {"pruned_from": str(target.name),
                                       "removed_blocks": sel.removed, "method": sel.method,
-                                      "healed_steps": opts.heal.steps}, target.tokenizer)
+                                      "healed_steps": opts.heal.steps, "healed": opts.heal.mode if opts.heal.active
+                                      else None}, target.tokenizer, replace=replace)
         pruned = open_streamed(str(tmp), target.device, target.source.dtype, target.source.compute_dtype)
         after_measure = StreamedMeasure(pruned, measure.text, settings)
         after = after_measure.survey("survey-pruned")
         ids = measure.text[0].ids[:2, :64]
-        check = verify_streamed(measure, after_measure, ids, sel.removed, tmp)
+        if linear is not None:
+            check = verify_linear_streamed(after_measure, ids, tmp)
+        else:
+            check = verify_streamed(measure, after_measure, ids, sel.removed, tmp)
         if INFERRED in str(target.info.get("layout")):  # nothing is published when the export is not exact
             require_exact(str(target.info.get("model_type")), check, target.source.compute_dtype)
         report = _report(target, pruned, opts, sel, before, after, batches, measure, after_measure)
+        if linear is not None:  # the written checkpoint is the healed one; the pruned loss is the selection's
+            report["loss"].update(pruned=sel.loss, healed=after.loss)
+            report["ppl"].update(pruned=perplexity(sel.loss), healed=perplexity(after.loss))
+            report["angular"]["healed"] = report["angular"].pop("pruned")
+            report["heal"] = linear
         if opts.heal.steps > 0:
             check = _heal_streamed(target, opts, tmp, ids, measure.text, settings, report, check)
         report.update(export={**check, "dir": str(out), "written": written}, command=command,
@@ -301,6 +319,23 @@ def verify_streamed(original: StreamedMeasure, pruned: StreamedMeasure, ids: tor
                  "transformers' generate", size)
         return check
     check.update(transformers_check(out, ids, ref, target.source.compute_dtype, target.device))
+    return check
+
+
+def verify_linear_streamed(healed: StreamedMeasure, ids: torch.Tensor, out: Path) -> dict[str, Any]:
+    """The linearly healed checkpoint read layer by layer against plain ``transformers``' load of it (logits, cached
+    ``generate``) when it fits in memory (the maps change the function: there is no original to skip blocks in)."""
+    got = healed.logits(ids, [], "probe-healed")
+    target = healed.target
+    check: dict[str, Any] = {"max_abs_logit_diff_vs_skipping_in_original": None, "max_abs_logit_diff": None,
+                             "loaded_with": "depthlab, layer by layer", "n_layers_loaded": target.source.n_layers,
+                             "architecture": target.info["architecture"], "generated_tokens": None,
+                             "generate_cache_matches_no_cache": None,
+                             "compared": "transformers' load of the healed checkpoint vs depthlab's layer-by-layer read"}
+    free, need = available_memory(target.device), stored_bytes(locate(str(out)), target.source.compute_dtype)
+    if free is not None and need > MEMORY_FRACTION * free:
+        return check
+    check.update(transformers_check(out, ids, got, target.source.compute_dtype, target.device))
     return check
 
 

@@ -12,7 +12,7 @@ each candidate born at its block with its unit zeroed too); each joint loss (``-
 
 The export is the checkpoint copied shard by shard with the removed units' output projections (``o_proj`` /
 ``down_proj`` and their biases, found by the table the in-memory export uses,
-:data:`depthlab.prune.units.OUT_PROJ`, on the model's own layer classes) written as zeros
+:data:`depthlab.prune.projections.OUT_PROJ`, on the model's own layer classes) written as zeros
 (:func:`depthlab.prune.shards.write_pruned_shards`): the same architecture and depth, which plain ``transformers``
 loads with the in-memory unit-pruned export's logits, and no faster there. It is checked layer by layer (the
 written files against the original with those branches zeroed) and, when it fits in memory, with plain
@@ -144,6 +144,7 @@ def prune_units_streamed(target: StreamTarget, opts: PruneOptions, out: Path, co
     :func:`depthlab.prune.prune_target` once its checks have passed, holding the resume state."""
     from depthlab.base.fileio import publish_dir
     from depthlab.prune.shards import write_pruned_shards
+    from depthlab.prune.skip import write_skip
 
     t0 = time.time()
     batches = held_out_batches(target, opts)
@@ -156,6 +157,7 @@ def prune_units_streamed(target: StreamTarget, opts: PruneOptions, out: Path, co
         written = write_pruned_shards(target.path, [], tmp, {"pruned_from": str(target.name), "removed_units": opts.unit,
                                       "removed_blocks": removed, "method": details["method"]}, target.tokenizer,
                                       zeroed=zeroed_keys(target, opts.unit, removed))
+        skip = write_skip(tmp, opts.unit, removed)
         src = target.source
         pruned = StreamedUnits(open_streamed(str(tmp), target.device, src.dtype, src.compute_dtype), text, settings,
                                opts.unit)
@@ -163,8 +165,8 @@ def prune_units_streamed(target: StreamTarget, opts: PruneOptions, out: Path, co
         report = units_report(target, opts, removed, details, survey, losses, {}, batches, command,
                               streamed_cost(target, batches.seq_len))
         check = verify_units_streamed(measure, pruned, text[0].ids[:2, :64], removed, tmp)
-        report.update(export={**check, "dir": str(out), "written": written}, latency=None, heal=None,
-                      engine=_engine(measure, pruned), seconds=round(time.time() - t0, 2))
+        report.update(export={**check, "dir": str(out), "written": written, "per_layer_config": skip}, latency=None,
+                      heal=None, engine=_engine(measure, pruned), seconds=round(time.time() - t0, 2))
         write_units_report(report, tmp)
     return report
 

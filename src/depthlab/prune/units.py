@@ -36,33 +36,17 @@ from depthlab.base.errors import DepthlabError
 from depthlab.data.batches import IGNORE_INDEX
 from depthlab.prune.export import cost, generation_latency, hf_model_of, lm_logits, plain_weights, verify_export, write_hf
 from depthlab.prune.pipeline import check_in_memory, held_out_batches
+from depthlab.prune.projections import output_projection
 from depthlab.prune.prune_report import units_report, write_units_report
 from depthlab.prune.select import largest_within_budget
+from depthlab.prune.skip import write_skip
 from depthlab.targets.branches import UNITS, check_sublayers, unit_modules, zeroed
 from depthlab.targets.layers import find_layers
 
 log = logging.getLogger(__name__)
 
-#: The output projection of each unit, relative to a layer, tried in order (depthlab blocks, HF families, GPT-2).
-OUT_PROJ: dict[str, tuple[str, ...]] = {
-    "attn": ("attn.o_proj", "self_attn.o_proj", "attn.c_proj", "self_attention.dense", "attention.wo"),
-    "mlp": ("ffn.down_proj", "ffn.fc2", "mlp.down_proj", "mlp.c_proj", "mlp.fc2", "mlp.dense_4h_to_h",
-            "feed_forward.w2"),
-}
 #: The module a depthlab model skips for each unit (its branch's compute).
 BRANCH = {"attn": "attn", "mlp": "ffn"}
-
-
-def output_projection(layer: nn.Module, unit: str) -> nn.Linear:
-    for path in OUT_PROJ[unit]:
-        try:
-            m = layer.get_submodule(path)
-        except AttributeError:
-            continue
-        if isinstance(m, nn.Linear):
-            return m
-    raise DepthlabError(f"{type(layer).__name__} has no {unit} output projection depthlab knows "
-                        f"({', '.join(OUT_PROJ[unit])}); cannot remove its {unit} sublayers")
 
 
 def zero_units(model: nn.Module, unit: str, blocks: Sequence[int]) -> nn.Module:
@@ -254,7 +238,7 @@ def prune_units_in_memory(target: Any, opts: Any, out: str | Path, command: str 
     if opts.generate:
         gen["pruned"] = generative_accuracy(target, pruned, opts)
     heal_info = None
-    if opts.heal.steps > 0:
+    if opts.heal.active:
         pruned, heal_info = heal(pruned, target.tokenizer, opts.heal)
         with torch.no_grad():  # healing may move a zeroed projection: keep the units removed
             pruned = zero_units(pruned, opts.unit, removed)
@@ -268,8 +252,9 @@ def prune_units_in_memory(target: Any, opts: Any, out: str | Path, command: str 
         final_hf = hf_model_of(pruned)
         write_hf(final_hf, tmp, target.tokenizer, {"pruned_from": str(target.name), "removed_units": opts.unit,
                                                    "removed_blocks": removed, "method": report["method"]})
+        skip = write_skip(tmp, opts.unit, removed)  # before the check: plain transformers loads it as written
         report["export"] = {**verify_export(tmp, final_hf, ids), "dir": str(out),
-                            "max_abs_logit_diff_zeroed_vs_hooked": zero_diff}
+                            "max_abs_logit_diff_zeroed_vs_hooked": zero_diff, "per_layer_config": skip}
         report["latency"] = _latency(target.model, pruned, final_hf, opts, removed, ids)
         report["seconds"] = round(time.time() - t0, 2)
         write_units_report(report, tmp)

@@ -4,11 +4,13 @@
     lanes += swap_lanes(L)                         # the model with blocks l and l+1 exchanged, l = 1..L-1
     layout = Layout.of(lanes, L)                   # slots ordered by birth; which slots run layer j, zeroing what
 
-A *lane* is the model with a set of blocks skipped (``Lane.skip``) or of attention / MLP branches zeroed
-(``Lane.zero``); the first lane of a sweep is the *base*. Block j of every lane uses the same weights, so the sweep
-reads layer j once and applies it to every live lane that does not skip it. A lane is born as a copy of the base at
-the first layer where they differ (``block i removed``: at layer i, a copy of the base's input of block i), so it
-costs only the layers after it: the removal lanes cost sum_j j block evaluations, as the in-memory replay does.
+A *lane* is the model with a set of blocks skipped (``Lane.skip``), of attention / MLP branches zeroed
+(``Lane.zero``) or of routed experts removed (``Lane.experts``: the block computes as the model without them,
+:func:`depthlab.hf.experts.experts_removed`); the first lane of a sweep is the *base*. Block j of every lane uses
+the same weights, so the sweep reads layer j once and applies it to every live lane that does not skip it. A lane is
+born as a copy of the base at the first layer where they differ (``block i removed``: at layer i, a copy of the base's
+input of block i), so it costs only the layers after it: the removal lanes cost sum_j j block evaluations, as the
+in-memory replay does.
 
 A *swap* lane (``Lane.swap = l``: blocks l and l+1 exchanged, each with its own weights and its own call) is born at
 layer l as a copy of the base's x^l and *held back* there (it does not apply layer l); at layer l+1 it applies layer
@@ -31,10 +33,19 @@ class Lane:
     skip: frozenset[int] = frozenset()  # 1-based blocks this lane skips
     zero: frozenset[tuple[int, str]] = frozenset()  # (1-based block, unit): sublayers whose branch is zeroed (attn, mlp)
     swap: int = 0  # 1-based l: blocks l and l+1 exchanged (block l+1 applied to x^l, then block l); 0: none
+    experts: frozenset[tuple[int, int]] = frozenset()  # (1-based block, 0-based expert): routed experts removed
 
     def units_at(self, j: int) -> tuple[str, ...]:
         """The units of block j this lane zeroes, in block order."""
         return tuple(u for u in UNITS if (j, u) in self.zero)
+
+    def changes_at(self, j: int) -> tuple[str, ...]:
+        """What this lane changes in block j: the units it zeroes, then ``expert:E`` for each expert it removes."""
+        return self.units_at(j) + tuple(f"{EXPERT}{e}" for b, e in sorted(self.experts) if b == j)
+
+
+#: The prefix of a removed expert in :meth:`Lane.changes_at` (``expert:3``).
+EXPERT = "expert:"
 
 
 def removal_lanes(n_layers: int, base_skip: frozenset[int] = frozenset()) -> list[Lane]:
@@ -67,7 +78,7 @@ class Layout:
 
         def birth(s: Lane) -> int:
             return next((j for j in range(1, n_layers + 1) if (j in s.skip) != (j in base.skip)
-                         or s.units_at(j) != base.units_at(j) or (s.swap == j and base.swap != j)),
+                         or s.changes_at(j) != base.changes_at(j) or (s.swap == j and base.swap != j)),
                         n_layers + 1)
 
         births = [0] + [birth(s) for s in lanes[1:]]
@@ -79,13 +90,14 @@ class Layout:
         return sum(1 for b in self.born if b <= j)
 
     def runs(self, j: int) -> list[tuple[int, int, tuple[str, ...]]]:
-        """Contiguous [a, b) slot ranges of the live lanes that apply layer j, each with the units they zero in it (a
-        swap lane of pair (j, j+1) holds its state back at layer j: it applies layer j after layer j+1)."""
+        """Contiguous [a, b) slot ranges of the live lanes that apply layer j, each with what they change in it
+        (:meth:`Lane.changes_at`: the units they zero, the experts they remove; a swap lane of pair (j, j+1) holds its
+        state back at layer j: it applies layer j after layer j+1)."""
         out: list[tuple[int, int, tuple[str, ...]]] = []
         for s in range(self.live(j)):
             if j in self.lanes[s].skip or self.lanes[s].swap == j:
                 continue
-            units = self.lanes[s].units_at(j)
+            units = self.lanes[s].changes_at(j)
             if out and out[-1][1] == s and out[-1][2] == units:
                 out[-1] = (out[-1][0], s + 1, units)
             else:

@@ -104,7 +104,8 @@ def fingerprint(name: str, source: Any, batches: Sequence[Any], lanes: Sequence[
     config.json, the weights untouched) makes the state apply no more: the pass starts over."""
     h = hashlib.sha256()
     files = sorted({info.file for info in source.store.index.values()})
-    ident = [name, keep_states, taps, [(s.key, sorted(s.skip), sorted(s.zero)) for s in lanes],
+    ident = [name, keep_states, taps, [(s.key, sorted(s.skip), sorted(s.zero), *([sorted(s.experts)] if s.experts else []))
+                                for s in lanes],
              [(g.start, g.stop) for g in groups],
              str(source.dtype), str(source.compute_dtype),
              [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files], side_files(files)]

@@ -37,9 +37,9 @@ import torch
 
 from depthlab.base.errors import DepthlabError
 from depthlab.base.progress import progress
-from depthlab.targets.branches import unit_modules, zeroed
+from depthlab.targets.branches import UNITS, unit_modules, zeroed
 from depthlab.targets.engine import MEMORY_FRACTION, available_memory, gib
-from depthlab.targets.stream.lanes import Lane, Layout
+from depthlab.targets.stream.lanes import EXPERT, Lane, Layout
 from depthlab.targets.stream.resume import PassState, fingerprint
 
 log = logging.getLogger(__name__)
@@ -306,9 +306,9 @@ class Sweeper:
             layer = stack.enter_context(self.source.layer(j - 1))
             for i, (batch, buf) in enumerate(zip(batches, bufs)):
                 calls = self.source.calls_for(batch)
-                self._apply(layer, calls[j - 1], batch, buf, runs, bar)
+                self._apply(j, layer, calls[j - 1], batch, buf, runs, bar)
                 if after:
-                    self._apply(prev[0], calls[j - 2], batch, buf, [(a, b, ()) for a, b in after], bar)
+                    self._apply(j - 1, prev[0], calls[j - 2], batch, buf, [(a, b, ()) for a, b in after], bar)
                 if tap is not None and kept[1][i]:
                     ids = batch.ids.to(self.target.device)  # blocks that read the token ids get this batch's
                     tap(j, kept[0] + i, batch, layer, lambda lay, h, c=calls[j - 1], t=ids: c(lay, h, t),
@@ -318,14 +318,16 @@ class Sweeper:
                 resident.keep(j - 1, layer, stack.pop_all())  # the next layer's swap lanes apply it once more
         self.stats.layers_computed += 1
 
-    def _apply(self, layer: Any, call: Callable, batch: SweepBatch, buf: torch.Tensor,
+    def _apply(self, j: int, layer: Any, call: Callable, batch: SweepBatch, buf: torch.Tensor,
                runs: list[tuple[int, int, tuple[str, ...]]], bar: Any) -> None:
-        """``layer`` on the slots of ``runs`` of one batch's lanes, in calls of at most ``max_rows`` token rows."""
+        """``layer`` (block j) on the slots of ``runs`` of one batch's lanes, each run with what it changes in the
+        block (units zeroed, experts removed), in calls of at most ``max_rows`` token rows."""
         B, T = batch.ids.shape
         step = max(1, self._rows // (B * T))
         ids = batch.ids.to(self.target.device)
         for a, b, units in runs:
-            with zeroed(*(unit_modules([layer], u)[0] for u in units)):
+            with zeroed(*(unit_modules([layer], u)[0] for u in units if u in UNITS)), \
+                    self._experts_removed(j, layer, units):
                 for c in range(a, b, step):
                     d = min(b, c + step)
                     out = call(layer, buf[c:d].reshape((d - c) * B, T, -1), ids)
@@ -333,6 +335,19 @@ class Sweeper:
                     self.stats.block_evals += d - c
                     self.stats.token_evals += (d - c) * B * T
                     bar.update(d - c)
+
+    def _experts_removed(self, j: int, layer: Any, changes: tuple[str, ...]) -> Any:
+        """Block j computing without the experts ``changes`` names (``expert:E``), for the duration."""
+        gone = [int(c[len(EXPERT):]) for c in changes if c.startswith(EXPERT)]
+        if not gone:
+            return contextlib.nullcontext()
+        from depthlab.hf.experts import experts_removed, experts_spec, moe_layers
+
+        config = self.source.skeleton.config
+        moe = moe_layers([layer], experts_spec(config), config)
+        if not moe:
+            raise DepthlabError(f"block {j} has no routed experts; a lane cannot remove experts {gone} from it")
+        return experts_removed(moe, {1: gone})
 
     def _head(self, batches: list[SweepBatch], offset: int, bufs: list[torch.Tensor], kept: list[list[torch.Tensor]],
               layout: Layout, consumer: Consumer, bar: Any) -> None:

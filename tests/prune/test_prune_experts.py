@@ -1,0 +1,96 @@
+"""``prune --unit expert``: both engines remove the same routed experts and write the same checkpoint, which plain
+transformers loads with the expert count cut and the logits of the original with those experts masked; REAP removes
+the lowest-saliency experts; LoRA heals after it; bad input is one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny_models import hf_dir
+
+from depthlab.analysis.diagnostics import load_target
+from depthlab.cli import main
+from depthlab.hf.families import known_family
+from depthlab.prune import PruneOptions, prune_target
+from depthlab.prune.options import HealOptions
+from depthlab.targets.stream.open import open_streamed
+
+OPTS = dict(data="builtin", tokens=96, seq_len=32, batch_size=2, progress=False, latency_tokens=2, unit="expert")
+FAST = ["--tokens", "96", "--seq-len", "32", "--batch-size", "2", "--no-progress"]
+SLOW = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    yield
+
+
+@pytest.mark.parametrize("kind, n_layers", [("mixtral", 3), ("qwen2_moe", 3), ("deepseek_v3", 3), ("gpt_oss", 3),
+                                            pytest.param("qwen3_moe", 3, marks=SLOW),
+                                            pytest.param("olmoe", 3, marks=SLOW),
+                                            pytest.param("llama4_text", 3, marks=SLOW),
+                                            pytest.param("qwen3_next", 4, marks=SLOW)])
+def test_streamed_expert_prune_equals_in_memory_and_reloads_in_transformers(tmp_path, kind, n_layers):
+    from transformers import AutoModelForCausalLM
+
+    path = hf_dir(tmp_path, kind, n_layers)
+    opts = PruneOptions(**OPTS, remove=1)
+    mem = prune_target(load_target(str(path)), opts, tmp_path / "mem")
+    streamed = prune_target(open_streamed(str(path)), opts, tmp_path / "streamed")
+    assert streamed["removed_experts"] == mem["removed_experts"] and len(mem["removed_experts"]) >= 1
+    for b, gone in mem["removed_experts"].items():  # REAP: the lowest saliency of the block goes
+        reap = mem["scores"]["blocks"][b]["reap"]
+        assert gone == [min(range(len(reap)), key=reap.__getitem__)]
+    assert streamed["loss"]["pruned"] == pytest.approx(mem["loss"]["pruned"], abs=1e-5)
+    exp = mem["export"]
+    assert exp["max_abs_logit_diff"] < 1e-5 and exp["max_abs_logit_diff_vs_removed_in_original"] < 1e-5
+    assert exp["generate_cache_matches_no_cache"] and streamed["export"]["generate_cache_matches_no_cache"]
+    count = known_family(kind).experts.count
+    original = json.loads((path / "config.json").read_text())[count]
+    a, b = (AutoModelForCausalLM.from_pretrained(str(tmp_path / d)).eval() for d in ("mem", "streamed"))
+    assert getattr(a.config, count) == getattr(b.config, count) == original - 1 == mem["experts"]["pruned"]
+    ids = torch.randint(0, 300, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(b(input_ids=ids).logits, a(input_ids=ids).logits, rtol=0, atol=1e-5)
+
+
+def test_lora_heals_after_expert_removal(tmp_path):
+    pytest.importorskip("peft")
+    path = hf_dir(tmp_path, "qwen2_moe", 2)
+    heal = HealOptions(mode="lora", steps=2, batch_size=2, seq_len=32, progress=False)
+    rep = prune_target(load_target(str(path)), PruneOptions(**{**OPTS, "method": "frequency"}, remove=1, heal=heal),
+                       tmp_path / "out")
+    assert rep["heal"]["steps"] == 2 and rep["loss"]["healed"] is not None
+    assert rep["export"]["max_abs_logit_diff"] < 1e-5
+
+
+def _exit_2(argv, capsys, *needles):
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, err
+
+
+@pytest.mark.parametrize("kind, extra, needles", [
+    ("llama", ["--remove", "1"], ("needs an MoE model", "'llama'", "qwen2_moe")),
+    ("qwen2_moe", ["--remove", "4"], ("--remove 4", "4 routed experts", "at most 2")),
+    ("qwen2_moe", ["--fraction", "1"], ("--fraction 1", "every routed expert")),
+    ("qwen2_moe", ["--experts", "1:shared"], ("1:shared", "shared expert is never removed")),
+    ("qwen2_moe", ["--experts", "1:4"], ("--experts 1:4", "experts 0..3")),
+    ("qwen2_moe", ["--experts", "9:0"], ("block 9", "MoE blocks are 1,2")),
+    ("qwen2_moe", ["--remove", "1", "--heal", "linear"], ("--heal linear", "--unit expert")),
+])
+@pytest.mark.parametrize("stream", ["--no-stream", "--stream"])
+def test_expert_prune_refuses_bad_input_before_any_work(tmp_path, capsys, kind, extra, needles, stream):
+    path = hf_dir(tmp_path, kind, 2)
+    out = tmp_path / "out"
+    capsys.readouterr()  # what writing the fixture printed (transformers' shard bar)
+    _exit_2(["prune", str(path), "--unit", "expert", *extra, stream, "--out", str(out), *FAST], capsys, *needles)
+    assert not out.exists()
