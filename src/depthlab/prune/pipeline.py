@@ -182,9 +182,8 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
     original's cost and latency are measured before the surgery) or the export check (the reloaded export is
     dropped once compared).
 
-    ``out`` appears whole or not at all: everything is written into a hidden sibling that is renamed to ``out``
-    once the export is verified and the report written (:func:`depthlab.base.fileio.publish_dir`), so a crash
-    or ``kill -9`` never leaves a loadable, unverified half-checkpoint, and a rerun starts afresh."""
+    ``out`` appears whole or not at all (:func:`depthlab.base.fileio.publish_dir`: a hidden sibling renamed once
+    the export is verified and the report written): a crash never leaves an unverified half-checkpoint."""
     from depthlab.base.fileio import publish_dir
     from depthlab.hf.loading import third_party_output
     from depthlab.prune.prune_report import write_report
