@@ -177,10 +177,8 @@ def prune_in_memory(target: Target, opts: PruneOptions, out: str | Path, command
     into ``out`` (plus ``out/run``, a depthlab run directory, for depthlab models). Returns the report. Run by
     :func:`depthlab.prune.prune_target` once its checks have passed (``--unit block``).
 
-    An HF model is pruned in place: ``target.model`` is the pruned (and healed) model afterwards; load the target
-    again for the original. Nothing the size of the model is copied for the before/after comparisons (the
-    original's cost and latency are measured before the surgery) or the export check (the reloaded export is
-    dropped once compared).
+    An HF model is pruned in place (``target.model`` is the pruned, healed model afterwards); nothing the size of
+    the model is copied for the comparisons (the original's measured before the surgery) or the export check.
 
     ``out`` appears whole or not at all (:func:`depthlab.base.fileio.publish_dir`: a hidden sibling renamed once
     the export is verified and the report written): a crash never leaves an unverified half-checkpoint."""
