@@ -67,7 +67,9 @@ def _pass(cap: ResidualCapture, batches: Any, target: Any, opts: DiagnoseOptions
     desc = "residual stream" + (" + removal sweep" if m.removal else "") + (" + swap test" if m.swap else "") + (
         " + sublayers" if m.sublayers else "") + (" + logit lens" if m.lens else "")
     jac_seqs: list[torch.Tensor] = []
-    n_batches = batches.n_batches
+    n_batches = getattr(batches, "n_batches", None)  # image-text items count themselves; text by its windows
+    if n_batches is None:
+        n_batches = -(-(batches.requested // batches.seq_len) // opts.batch_size)
     with progress(n_batches * passes, desc, "pass", opts.progress) as bar:
         for x, y in batches:
             logits, states, calls = cap.run(x, keep_calls=True)
