@@ -44,7 +44,7 @@ def counted(lines: list[str], desc: str) -> None:
 def test_diagnose_prune_finetune_and_evaluate_report_progress_when_piped(run, tmp_path):
     lines = depthlab("diagnose", str(run), "--tokens", "512", "--seq-len", "32", "--batch-size", "2", "--no-jacobian",
                      "--out", str(tmp_path / "diag"))
-    counted(lines, "residual stream + removal sweep + sublayers + logit lens")
+    counted(lines, "residual stream + removal sweep + swap test + sublayers + logit lens")
     lines = depthlab("prune", str(run), "--remove", "1", "--tokens", "256", "--seq-len", "32", "--batch-size", "2",
                      "--out", str(tmp_path / "pruned"))
     assert any("ETA" in l for l in lines), lines
