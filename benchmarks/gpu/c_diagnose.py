@@ -13,7 +13,7 @@ Steps (estimates; nothing of this call has run on a GPU yet):
    N(0, 0.02) bf16 drawn on the GPU; 16.1 GB; ``benchmarks/streamed_8b.py``'s writer) in /tmp/depthlab-gpu, flushed
    and dropped from the page cache, so that the engine reads it from the disk as it must a 70B larger than the host's
    memory (~30 s);
-3. ``depthlab diagnose CKPT --stream --tokens 16384 --no-joint-check`` (one weight pass: the base, 32 removal
+3. ``depthlab diagnose CKPT --stream --tokens 16384 --no-joint-check --no-swap`` (one weight pass: the base, 32 removal
    lanes, angular distances, variance), timed by ``stream_anatomy.py``: per layer the reading, computing and the
    resume state's saving, the head, the rest; peak GPU and host memory (~100 s; stopped at the deadline less 90 s,
    its per-layer times kept);
@@ -205,8 +205,8 @@ def streamed_8b(args, run) -> None:
     extra = shlex.split(args.streamed_args)
     reports = run.work / "reports"
     diag_out, diag_anat = reports / "8b-diagnose", run.work / "anatomy-diagnose.json"
-    run.sh("diagnose --stream (8B shape)", anatomy_cmd(diag_anat, "diagnose", str(ckpt), *extra, *common,
-                                                      "--no-joint-check", "--out", str(diag_out)), run.left() - 90)
+    run.sh("diagnose --stream (8B shape)", anatomy_cmd(diag_anat, "diagnose", str(ckpt), *extra, *common, "--no-joint-check",
+                                                      "--no-swap", "--out", str(diag_out)), run.left() - 90)
     engine = (read_json(diag_out / "report.json") or {}).get("engine")
     run.results["diagnose_stream"] = diag = summarize(read_json(diag_anat), engine, s)
     drop_from_page_cache(ckpt)
