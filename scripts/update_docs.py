@@ -18,14 +18,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import check_import_cycles  # noqa: E402 - a sibling script
 
 from depthlab.hf.families import family_table  # noqa: E402
-from depthlab.hf.wrappers import wrapper_table  # noqa: E402
+from depthlab.hf.wrappers import wrapper_row, wrapper_table  # noqa: E402
 from depthlab.models.schemes import scheme_table  # noqa: E402
 
 
 def blocks() -> list[tuple[Path, str, str]]:
     """(file, block name, generated text) for every generated block."""
     return [(ROOT / "README.md", "schemes", scheme_table()),
-            (ROOT / "README.md", "families", family_table()),
+            (ROOT / "README.md", "families", family_table([wrapper_row()])),
             (ROOT / "docs" / "families.md", "wrappers", wrapper_table()),
             (ROOT / "docs" / "architecture.md", "layers",
              "```\n" + check_import_cycles.draw(check_import_cycles.import_graph()) + "\n```")]

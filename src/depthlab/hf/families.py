@@ -443,9 +443,9 @@ GENERIC_NOTES: dict[str, str] = {
 }
 
 
-def family_table() -> str:
+def family_table(extra_rows: Sequence[str] = ()) -> str:
     """The README's "Supported models" table (markdown), from the registry: one row per family, each refusal
-    a numbered note below the table."""
+    a numbered note below the table; ``extra_rows`` (the image-text wrappers' row) before the last, generic row."""
     notes: list[str] = []
     rows = ["| family | model_type | kind | " + " | ".join(CAPABILITIES) + " |", "|" + "---|" * (3 + len(CAPABILITIES))]
     for fam in _FAMILIES:
@@ -465,5 +465,6 @@ def family_table() -> str:
         if note is not None and note not in notes:
             notes.append(note)
         cells.append(f"yes [{notes.index(note) + 1}]" if note is not None else "yes")
+    rows.extend(extra_rows)
     rows.append(f"| any other decoder: {INFERRED} | any | any | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n\n" + "\n".join(f"[{i}] {why}." for i, why in enumerate(notes, start=1))

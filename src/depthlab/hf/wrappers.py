@@ -320,6 +320,13 @@ def known_model(config: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- the README table
+def wrapper_row() -> str:
+    """The README table's row of the image-text wrappers (their own table: :func:`wrapper_table`)."""
+    types = " ".join(f"`{t}`" for t in WRAPPERS)
+    return (f"| image-text wrappers, both towers ([docs/vlm.md](docs/vlm.md)) | {types} | wrapper | both towers | "
+            "both towers | both towers | language | language |")
+
+
 def wrapper_table() -> str:
     """The README's table of image-text-to-text wrappers (markdown), from the registry: one row per wrapper, each
     refusal a numbered note below."""
