@@ -339,24 +339,10 @@ def _norm_offset(norm: Any, width: int) -> float | None:
 
 
 def _tiny_of(config: Any) -> Any:
-    """A small random causal LM of ``config``'s family and flags (its sizes from depthlab.hf.shrink), norms jittered."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    """A small random causal LM of ``config``'s family and flags (:func:`depthlab.hf.shrink.small_model`)."""
+    from depthlab.hf.shrink import small_model
 
-    from depthlab.hf.shrink import tiny_overrides
-
-    config = as_config(config)
-    small = type(config).from_dict({**config.to_dict(), **tiny_overrides(config)})
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(small, trust_remote_code=False).float().eval()
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "norm" in name:
-                    p.uniform_(0.5, 1.5)
-                elif name.endswith("bias"):
-                    p.normal_(0.0, 0.1)
-    return model
+    return small_model(as_config(config))
 
 
 @functools.lru_cache(maxsize=64)

@@ -153,3 +153,29 @@ def tiny_overrides(config: Any, n_layers: int = 4) -> dict[str, Any]:
                     entry.update({k: v for k, v in overrides.items() if k in entry})
     out.update(FIXUPS.get(getattr(config, "model_type", ""), {}))
     return out
+
+
+def jitter_norms(model: Any) -> Any:
+    """Norm weights drawn from U(0.5, 1.5) and biases from N(0, 0.1), in place (so a wrong scale placement shows);
+    returns the model."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    return model
+
+
+def small_model(config: Any) -> Any:
+    """A small random causal LM of ``config``'s family and flags (its sizes from :func:`tiny_overrides`), fp32, norms
+    jittered, drawn from seed 0 without touching the caller's random state."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    small = type(config).from_dict({**config.to_dict(), **tiny_overrides(config)})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return jitter_norms(AutoModelForCausalLM.from_config(small, trust_remote_code=False).float().eval())

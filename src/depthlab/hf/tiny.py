@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlab.hf.families import family_of, known_family
+from depthlab.hf.shrink import jitter_norms
 
 #: Keyword arguments every tiny test model shares (``Family.tiny`` and the call's overrides add to them).
 TINY_BASE: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -63,20 +64,6 @@ def save_tiny(model: Any, out: str | Path, *, max_shard_size: str | None = None,
     model.save_pretrained(out, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     byte_tokenizer().save_pretrained(out)
     return out
-
-
-def jitter_norms(model: Any) -> Any:
-    """Norm weights drawn from U(0.5, 1.5) and biases from N(0, 0.1), in place (so a wrong scale placement shows);
-    returns the model."""
-    import torch
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                p.normal_(0.0, 0.1)
-    return model
 
 
 def byte_tokenizer() -> Any:

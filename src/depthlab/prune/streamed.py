@@ -306,13 +306,20 @@ def verify_streamed(original: StreamedMeasure, pruned: StreamedMeasure, ids: tor
     got = pruned.logits(ids, [], "probe-pruned")
     streamed_diff = float((ref - got).abs().max())
     target = pruned.target
-    found = locate(str(out))
-    free = available_memory(target.device)
     check: dict[str, Any] = {"max_abs_logit_diff_vs_skipping_in_original": streamed_diff,
                              "max_abs_logit_diff": streamed_diff, "loaded_with": "depthlab, layer by layer",
                              "n_layers_loaded": target.source.n_layers, "architecture": target.info["architecture"],
                              "generated_tokens": None, "generate_cache_matches_no_cache": None}
+    return with_transformers_check(check, out, ids, ref, target)
+
+
+def with_transformers_check(check: dict[str, Any], out: Path, ids: torch.Tensor, ref: torch.Tensor,
+                            target: StreamTarget) -> dict[str, Any]:
+    """``check`` (the written checkpoint read back layer by layer) updated by :func:`transformers_check` against
+    ``ref`` when the checkpoint fits in memory; else it stands, and the log says why."""
+    found = locate(str(out))
     need = stored_bytes(found, target.source.compute_dtype) if not isinstance(found, str) else None
+    free = available_memory(target.device)
     if need is None or (free is not None and need > MEMORY_FRACTION * free):
         size = "size unknown" if need is None else f"{need / 2**30:.1f} GiB in {str(target.source.compute_dtype)[6:]}"
         log.info("the pruned model (%s) would not fit in memory: its export is checked layer by layer, without "
@@ -332,11 +339,7 @@ def verify_linear_streamed(healed: StreamedMeasure, ids: torch.Tensor, out: Path
                              "architecture": target.info["architecture"], "generated_tokens": None,
                              "generate_cache_matches_no_cache": None,
                              "compared": "transformers' load of the healed checkpoint vs depthlab's layer-by-layer read"}
-    free, need = available_memory(target.device), stored_bytes(locate(str(out)), target.source.compute_dtype)
-    if free is not None and need > MEMORY_FRACTION * free:
-        return check
-    check.update(transformers_check(out, ids, got, target.source.compute_dtype, target.device))
-    return check
+    return with_transformers_check(check, out, ids, got, target)
 
 
 @torch.no_grad()
@@ -357,6 +360,12 @@ def transformers_check(out: Path, ids: torch.Tensor, ref: torch.Tensor, dtype: t
 
 
 def _engine(measure: StreamedMeasure, after: StreamedMeasure) -> dict[str, Any]:
+    return sweep_engine(measure, after, "healing and generation latency (they need the model in memory)")
+
+
+def sweep_engine(measure: Any, after: Any, not_done: str) -> dict[str, Any]:
+    """``report["engine"]`` of a streamed prune: what the selection's sweeps (``measure``) and the written model's
+    check (``after``) read and computed, and what the streamed engine does not do (``not_done``)."""
     st, meter = measure.sweeper.stats, measure.target.source.store.meter
     return {**engine_record(measure.target), "compute_dtype": str(measure.target.source.compute_dtype).replace("torch.", ""),
             "sweeps": st.passes, "weight_passes": st.weight_passes, "layers_computed": st.layers_computed,
@@ -364,4 +373,4 @@ def _engine(measure: StreamedMeasure, after: StreamedMeasure) -> dict[str, Any]:
             "sweep_seconds": round(st.seconds, 2), "bytes_read": meter.bytes_read, "peak_weight_bytes": meter.peak,
             "stream_bytes": st.lane_bytes, "resumed": st.resumed,
             "pruned_sweeps": after.sweeper.stats.passes, "pruned_bytes_read": after.target.source.store.meter.bytes_read,
-            "not_done": "healing and generation latency (they need the model in memory)"}
+            "not_done": not_done}

@@ -37,10 +37,9 @@ from depthlab.hf.experts import cut_count, experts_spec, key_plan
 from depthlab.prune.experts import Removal, choose_experts, moe_of
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.pipeline import held_out_batches
-from depthlab.prune.streamed import LogitsConsumer, streamed_cost, transformers_check
-from depthlab.targets.engine import MEMORY_FRACTION, available_memory, engine_record
+from depthlab.prune.streamed import LogitsConsumer, streamed_cost, sweep_engine, with_transformers_check
 from depthlab.targets.stream.lanes import Lane
-from depthlab.targets.stream.open import StreamTarget, locate, open_streamed, stored_bytes
+from depthlab.targets.stream.open import StreamTarget, open_streamed
 from depthlab.targets.stream.sweep import SweepBatch, Sweeper, SweepSettings, Taps
 
 log = logging.getLogger(__name__)
@@ -167,20 +166,8 @@ def verify_experts_streamed(original: StreamedExperts, pruned: StreamedExperts, 
     check: dict[str, Any] = {"max_abs_logit_diff_vs_removed_in_original": diff, "max_abs_logit_diff": diff,
                              "loaded_with": "depthlab, layer by layer", "architecture": target.info["architecture"],
                              "generated_tokens": None, "generate_cache_matches_no_cache": None}
-    free, need = available_memory(target.device), stored_bytes(locate(str(out)), target.source.compute_dtype)
-    if free is not None and need > MEMORY_FRACTION * free:
-        log.info("the pruned model (%.1f GiB) would not fit in memory: its export is checked layer by layer, without "
-                 "transformers' generate", need / 2**30)
-        return check
-    check.update(transformers_check(out, ids, ref, target.source.compute_dtype, target.device))
-    return check
+    return with_transformers_check(check, out, ids, ref, target)
 
 
 def _engine(measure: StreamedExperts, pruned: StreamedExperts) -> dict[str, Any]:
-    st, meter = measure.sweeper.stats, measure.target.source.store.meter
-    return {**engine_record(measure.target), "compute_dtype": str(measure.target.source.compute_dtype)[6:],
-            "sweeps": st.passes, "weight_passes": st.weight_passes, "layers_computed": st.layers_computed,
-            "block_evals": st.block_evals, "token_evals": st.token_evals, "sweep_seconds": round(st.seconds, 2),
-            "bytes_read": meter.bytes_read, "peak_weight_bytes": meter.peak, "stream_bytes": st.lane_bytes,
-            "resumed": st.resumed, "pruned_sweeps": pruned.sweeper.stats.passes,
-            "not_done": "healing and generation latency (they need the model in memory)"}
+    return sweep_engine(measure, pruned, "healing and generation latency (they need the model in memory)")

@@ -40,13 +40,12 @@ from depthlab.base.progress import logs_to_stderr
 from depthlab.prune.options import PruneOptions
 from depthlab.prune.pipeline import held_out_batches
 from depthlab.prune.prune_report import units_report, write_units_report
-from depthlab.prune.streamed import LogitsConsumer, streamed_cost, transformers_check
+from depthlab.prune.streamed import LogitsConsumer, streamed_cost, sweep_engine, with_transformers_check
 from depthlab.prune.units import choose_units, output_projection
 from depthlab.targets.branches import check_sublayers
-from depthlab.targets.engine import MEMORY_FRACTION, available_memory, engine_record
 from depthlab.targets.frame import Request
 from depthlab.targets.stream.lanes import Lane
-from depthlab.targets.stream.open import StreamTarget, locate, open_streamed, stored_bytes
+from depthlab.targets.stream.open import StreamTarget, open_streamed
 from depthlab.targets.stream.sweep import SweepBatch, Sweeper, SweepSettings, Taps
 
 log = logging.getLogger(__name__)
@@ -183,20 +182,8 @@ def verify_units_streamed(original: StreamedUnits, pruned: StreamedUnits, ids: t
                              "loaded_with": "depthlab, layer by layer", "architecture": target.info["architecture"],
                              "n_layers_loaded": target.source.n_layers, "generated_tokens": None,
                              "generate_cache_matches_no_cache": None}
-    free, need = available_memory(target.device), stored_bytes(locate(str(out)), target.source.compute_dtype)
-    if free is not None and need > MEMORY_FRACTION * free:
-        log.info("the pruned model (%.1f GiB) would not fit in memory: its export is checked layer by layer, without "
-                 "transformers' generate", need / 2**30)
-        return check
-    check.update(transformers_check(out, ids, hooked, target.source.compute_dtype, target.device))
-    return check
+    return with_transformers_check(check, out, ids, hooked, target)
 
 
 def _engine(measure: StreamedUnits, pruned: StreamedUnits) -> dict[str, Any]:
-    st, meter = measure.sweeper.stats, measure.target.source.store.meter
-    return {**engine_record(measure.target), "compute_dtype": str(measure.target.source.compute_dtype)[6:],
-            "sweeps": st.passes, "weight_passes": st.weight_passes, "layers_computed": st.layers_computed,
-            "block_evals": st.block_evals, "token_evals": st.token_evals, "sweep_seconds": round(st.seconds, 2),
-            "bytes_read": meter.bytes_read, "peak_weight_bytes": meter.peak, "stream_bytes": st.lane_bytes,
-            "resumed": st.resumed, "pruned_sweeps": pruned.sweeper.stats.passes,
-            "not_done": "healing, --generate and generation latency (they need the model in memory)"}
+    return sweep_engine(measure, pruned, "healing, --generate and generation latency (they need the model in memory)")

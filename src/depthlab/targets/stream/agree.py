@@ -50,19 +50,12 @@ def _streamed_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
 def _disagreement(key: str) -> str | None:
     import json
 
-    from transformers import AutoModelForCausalLM
-
     from depthlab.hf.inferred import as_config
-    from depthlab.hf.shrink import tiny_overrides
-    from depthlab.hf.tiny import jitter_norms
+    from depthlab.hf.shrink import small_model
 
     try:
-        config = as_config(json.loads(key))
-        small = type(config).from_dict({**config.to_dict(), **tiny_overrides(config)})
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = jitter_norms(AutoModelForCausalLM.from_config(small, trust_remote_code=False).float().eval())
-        ids = torch.randint(3, min(300, int(small.vocab_size)), (2, 12), generator=torch.Generator().manual_seed(0))
+        model = small_model(as_config(json.loads(key)))
+        ids = torch.randint(3, min(300, int(model.config.vocab_size)), (2, 12), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             ref = model(input_ids=ids, use_cache=False).logits.float()
         with tempfile.TemporaryDirectory() as tmp:
