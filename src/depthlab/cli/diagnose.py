@@ -120,11 +120,12 @@ def _default_out(target: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     """Parse -> the library's checks and opening (depthlab.analysis.diagnostics.dispatch.CHECKS) -> this device's
     defaults -> the library's run, which writes the report -> the summary."""
+    given = DIAGNOSE.given(args)
+    DiagnoseOptions(**given).validate()  # the values alone, before torch is imported: as fast as a bad flag
     from depthlab.analysis.diagnostics import dispatch
     from depthlab.base.provenance import command_line
     from depthlab.targets.frame import Request, checked
 
-    given = DIAGNOSE.given(args)
     device, weights, compute = device_precision(args)
     out = Path(args.out) if args.out else _default_out(args.target)
     request = Request(args.target, DiagnoseOptions(**given), out, device, weights, compute, args.scheme,

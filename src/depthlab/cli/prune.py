@@ -63,9 +63,6 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from depthlab.base.errors import DepthlabError
-    from depthlab.base.provenance import command_line
-    from depthlab.prune import dispatch
-    from depthlab.targets.frame import Request, checked
 
     if not args.out:
         raise DepthlabError("give --out DIR for the pruned checkpoint")
@@ -75,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     heal = HealOptions(**{"data": given.get("data", base.data), "seq_len": given.get("seq_len", base.seq_len),
                           **HEAL.given(args), "progress": progress})
     opts = PruneOptions(**given, heal=heal, progress=progress)
+    opts.validate()  # the values alone, before torch is imported: as fast as a bad flag
+    from depthlab.base.provenance import command_line
+    from depthlab.prune import dispatch
+    from depthlab.targets.frame import Request, checked
+
     lora = heal.mode == "lora" and heal.steps > 0  # the base stays frozen: bf16 weights hold it in half the memory
     device, weights, compute = device_precision(args, "bf16" if lora else "fp32")
     out = Path(args.out)
