@@ -390,6 +390,9 @@ def split_path(obj: Any, path: str) -> tuple[Any, str]:
 
 
 def _settable(config: Any, name: str) -> bool:
+    """Whether ``config.name = ...`` can be set: not a read-only property, nor a name transformers maps onto one
+    (``attribute_map``: Bamba's layer_types is its read-only layers_block_type)."""
+    name = (getattr(type(config), "attribute_map", None) or {}).get(name, name)
     prop = getattr(type(config), name, None)
     return not isinstance(prop, property) or prop.fset is not None
 

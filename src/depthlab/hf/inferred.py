@@ -49,16 +49,19 @@ EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_nu
 
 
 def as_config(config: Any) -> Any:
-    """A transformers config from a config (returned as is) or config.json's dict; a one-line ValueError for a model
-    type transformers does not know (code from the hub is never run)."""
+    """A transformers config from a config (returned as is) or config.json's dict (its tagged inf/NaN decoded as
+    transformers' own reader decodes them); a one-line ValueError for a model type transformers does not know (code
+    from the hub is never run)."""
     if not isinstance(config, dict):
         return config
-    from transformers import CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING, PreTrainedConfig
 
     model_type = config.get("model_type")
     if model_type not in CONFIG_MAPPING:
         raise ValueError(f"model type {model_type!r} is not one this transformers knows (remote code is not run)")
-    return CONFIG_MAPPING[model_type].from_dict(dict(config))
+    # config.json as transformers writes it tags inf/NaN ({"__float__": "Infinity"}, Mamba-2's time_step_limit);
+    # its own reader decodes them before from_dict, and so must every reader of the raw JSON
+    return CONFIG_MAPPING[model_type].from_dict(PreTrainedConfig._decode_special_floats(dict(config)))
 
 
 def config_key(config: Any) -> str:

@@ -29,7 +29,7 @@ from torch import nn
 
 from depthlab.base.errors import DepthlabError
 from depthlab.targets.stream.safetensors import TensorStore
-from depthlab.targets.stream.source import Call, LayerSource, Stub, swapped
+from depthlab.targets.stream.source import Call, LayerSource, PassOn, StandIn, stubs, swapped, zeros_like
 
 
 class _Reached(Exception):
@@ -40,7 +40,9 @@ class _Reached(Exception):
         self.h = h
 
 
-class _StopAtFirst(nn.Module):
+class _StopAtFirst(StandIn):
+    """Stands in for block 1 (attributes read from it, :class:`StandIn`): stops the model's forward there."""
+
     def forward(self, *args, **kwargs):
         raise _Reached(args[0] if args and isinstance(args[0], torch.Tensor) else kwargs["hidden_states"])
 
@@ -62,15 +64,21 @@ class _ZerosOf(nn.Module):
     def forward(self, *args, **kwargs) -> torch.Tensor:
         meta = lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x  # noqa: E731
         out = self.module(*(meta(a) for a in args), **{k: meta(v) for k, v in kwargs.items()})
-        return torch.zeros(out.shape, dtype=out.dtype if not out.is_floating_point() else self.dtype, device=self.device)
+        return zeros_like(out, self.device, self.dtype)
 
 
-class _Given(nn.Module):
-    """Stands in for the base model under the LM head: returns the (normed) residual stream it is given."""
+class _Given(StandIn):
+    """Stands in for the base model under the LM head: returns the (normed) residual stream it is given; what the
+    LM reads of its base model (Falcon-H1's ``lm_head_multiplier``) is read from the real one (:class:`StandIn`)."""
 
-    def __init__(self, h: torch.Tensor) -> None:
-        super().__init__()
+    def __init__(self, h: torch.Tensor, base: nn.Module | None = None) -> None:
+        super().__init__(base)
         self.h = h
+
+    def __getattr__(self, name: str) -> Any:
+        got = super().__getattr__(name)
+        # a submodule the LM calls in its base model's place (OPT's model.decoder) stands in too
+        return _Given(self.h, got) if isinstance(got, nn.Module) else got
 
     def forward(self, *args, **kwargs):
         return _Output(self.h)
@@ -144,7 +152,8 @@ class HFLayerSource(LayerSource):
             if not m.state_dict():
                 self._fill_computed(m)  # rotary tables: small and computed, not stored; built once on the device
         self.embed_modules = tuple(m for m in inner if m.state_dict())
-        self.head_modules = (*after, head)
+        self.head_modules = (*after, *self._head_extras(head), head)
+        self._owner_read = False  # the owner's own tensors (not its children's): read at the first forward
         text = config.get_text_config()  # the config itself, or an image-text wrapper's text_config
         n = int(getattr(text, self.family.streams)) if self.family.streams else 1
         self.streams = (n, text.hidden_size) if self.family.streams else ()
@@ -161,6 +170,36 @@ class HFLayerSource(LayerSource):
         family = family_of(config, "stream")  # a row, or the layout inferred
         with torch.device("meta"):
             return family, AutoModelForCausalLM.from_config(config, dtype=compute_dtype)
+
+    def _head_extras(self, head: nn.Module) -> list[nn.Module]:
+        """The LM's modules besides its base model and output embedding that its forward applies (ModernBERT's
+        prediction head ahead of its decoder): read with the head."""
+        return [m for name, m in self.lm.named_children() if name != self.base_attr and m is not head and m.state_dict()]
+
+    def _owner_tensors(self) -> None:
+        """The block list's owner's own tensors (an input scale or bias: Zaya; a computed normaliser: RecurrentGemma),
+        not its children's: read (or computed) once, before its forward first runs, and kept (they are small)."""
+        if self._owner_read:
+            return
+        owner, prefix = self.owner, self._names()[id(self.owner)]
+        computed = [n for n, t in owner._buffers.items() if t is not None and t.is_meta
+                    and n in owner._non_persistent_buffers_set]
+        for n in computed:
+            owner._buffers[n] = torch.empty_like(owner._buffers[n], device=self.device)
+        if computed:
+            from transformers import PreTrainedModel
+
+            with torch.no_grad():  # the owner's own _init_weights when it is a transformers model (Gemma 3n's reads it)
+                (owner if isinstance(owner, PreTrainedModel) else self._initialiser(owner))._init_weights(owner)
+        stored = [n for n, t in (*owner._parameters.items(), *owner._buffers.items()) if t is not None and t.is_meta]
+        keys = [f"{prefix}.{n}" if prefix else n for n in stored]
+        tensors = self.store.read(keys, self.dtype, self.device, self.compute_dtype) if keys else {}
+        for n, key in zip(stored, keys):
+            if n in owner._parameters:
+                owner._parameters[n] = nn.Parameter(tensors[key], requires_grad=False)
+            else:
+                owner._buffers[n] = tensors[key]
+        self._owner_read = True
 
     def _lm(self, model: nn.Module) -> tuple[nn.Module, str]:
         """(the module whose forward makes the logits, the name of its base model in it): the causal LM itself."""
@@ -235,6 +274,7 @@ class HFLayerSource(LayerSource):
 
     @contextlib.contextmanager
     def _embedding(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        self._owner_tensors()
         for m in self.embed_modules:
             self.materialise(m)
         try:
@@ -245,7 +285,7 @@ class HFLayerSource(LayerSource):
 
     def _embed_first(self, ids: torch.Tensor) -> torch.Tensor:
         """The model's forward up to block 1, stopped there."""
-        stops = nn.ModuleList([_StopAtFirst()])
+        stops = nn.ModuleList([_StopAtFirst(self.layers[0])])
         with swapped(self.owner, {self.layers_attr: stops}), torch.no_grad():
             try:
                 self.owner(input_ids=ids, use_cache=False)
@@ -258,8 +298,8 @@ class HFLayerSource(LayerSource):
         arguments kept (by the batch's ids) for :meth:`token_inputs`."""
         calls: list[Call | None] = [None] * self.n_layers
         hidden: list[torch.Tensor] = []
-        stubs = nn.ModuleList(Stub(calls, i, hidden) for i in range(self.n_layers))
-        with swapped(self.owner, {self.layers_attr: stubs}), self._after_layers_off(), torch.no_grad():
+        with swapped(self.owner, {self.layers_attr: stubs(self.layers, calls, hidden)}), self._after_layers_off(), \
+                torch.no_grad():
             self.owner(input_ids=ids, use_cache=False)
         if not hidden or any(c is None for c in calls):
             raise DepthlabError("the model's forward did not call every layer; cannot stream it")
@@ -288,7 +328,7 @@ class HFLayerSource(LayerSource):
         stack = contextlib.ExitStack()
         for attr in (self.collapse_attr, self.final_norm_attr):
             if attr is not None:
-                stack.enter_context(swapped(attr[0], {attr[1]: nn.Identity()}))
+                stack.enter_context(swapped(attr[0], {attr[1]: PassOn(getattr(*attr))}))
         return stack
 
     def _bind(self, i: int, call: Call) -> Call:
@@ -309,7 +349,7 @@ class HFLayerSource(LayerSource):
                 h = h.unflatten(-1, self.streams) if self.streams else h
                 for m in after:
                     h = m(h)
-                with swapped(self.lm, {self.base_attr: _Given(h)}):
+                with swapped(self.lm, {self.base_attr: _Given(h, getattr(self.lm, self.base_attr))}):
                     return self.lm(input_ids=ids, use_cache=False).logits
             yield head
         finally:
@@ -317,6 +357,7 @@ class HFLayerSource(LayerSource):
                 self.release(m)
 
     def _record(self, seq_len: int) -> None:
+        self._owner_tensors()
         ids = torch.zeros(1, seq_len, dtype=torch.long, device=self.device)
         stored = {name: _ZerosOf(m, self.compute_dtype, self.device) for name, m in self.owner.named_children()
                   if any(m is e for e in self.embed_modules)}  # embedding tables (and projections): zeros of their shape

@@ -71,12 +71,106 @@ class Call:
         return out.flatten(2) if self.streams else out
 
 
-class Stub(nn.Module):
-    """Stands in for a layer while the model's forward runs: records its call (and with ``hidden``, its input),
-    returns its input."""
+def _on_meta(x: Any) -> Any:
+    """``x`` with every tensor in it (nested in tuples, lists, dicts) moved to the meta device."""
+    if isinstance(x, torch.Tensor):
+        return x.to("meta")
+    if isinstance(x, (tuple, list)):
+        return type(x)(_on_meta(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _on_meta(v) for k, v in x.items()}
+    return x
 
-    def __init__(self, calls: list[Call | None], i: int, hidden: list | None = None) -> None:
+
+def zeros_like(x: Any, device: torch.device, floats: torch.dtype | None = None) -> Any:
+    """``x``'s structure with every tensor replaced by zeros of its shape and dtype (``floats`` for floating ones,
+    when given) on ``device``."""
+    if isinstance(x, torch.Tensor):
+        dtype = floats if floats is not None and x.is_floating_point() else x.dtype
+        return torch.zeros(x.shape, dtype=dtype, device=device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(zeros_like(v, device, floats) for v in x)
+    if isinstance(x, dict):
+        return {k: zeros_like(v, device, floats) for k, v in x.items()}
+    return x
+
+
+def _returned(block: nn.Module, h: torch.Tensor) -> Any:
+    """``h`` in the structure ``block.forward``'s code returns: ``(h, None, ...)`` when its return statements return a
+    tuple of n (read from the source; annotations are not trusted: some say a tuple and return a tensor)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(type(block).forward))))
+    except (OSError, TypeError, SyntaxError):
+        return h
+    fn = tree.body[0]
+    returns, todo = [], list(getattr(fn, "body", []))
+    while todo:  # the function's own statements, not those of functions defined inside it
+        node = todo.pop()
+        if isinstance(node, ast.Return):
+            returns.append(node.value)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
+    sizes = {len(r.elts) if isinstance(r, ast.Tuple) else 0 for r in returns}
+    if len(sizes) == 1 and min(sizes) > 1:
+        return (h, *[None] * (sizes.pop() - 1))
+    return h
+
+
+class StandIn(nn.Module):
+    """Stands in for a block while the model's forward runs: what the model reads of the block itself (its
+    ``attention_type``, ``block_type``, submodules) is read from the real block (on the meta device), and what it
+    returns has the real block's structure (a tensor, or a tuple: ``hidden, attn_weights = layer(...)``), learnt by
+    calling the real block on the meta device (no memory, no weight), the hidden state in the first place and zeros
+    in the others."""
+
+    def __init__(self, block: nn.Module | None = None) -> None:
         super().__init__()
+        self.__dict__["_block"] = block  # not a submodule: the stand-in registers no tensors of its own
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            block = self.__dict__.get("_block")
+            if block is None:
+                raise
+            return getattr(block, name)
+
+    def returns(self, h: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+        """``h`` in the structure the real block returns for this call (``h`` alone when it cannot be told)."""
+        block = self.__dict__.get("_block")
+        if block is None:
+            return h
+        state = {n: t.to("meta") for n, t in (*block.named_parameters(), *block.named_buffers())}
+        try:  # the block on the meta device even when its weights are read (a sweep records calls mid-way)
+            with torch.no_grad():
+                out = torch.func.functional_call(block, state, _on_meta(args), _on_meta(kwargs))
+        except Exception:  # noqa: BLE001 - a block that cannot run on the meta device (data-dependent routing)
+            return _returned(block, h)
+        if isinstance(out, (tuple, list)) and out:
+            return type(out)((h, *zeros_like(tuple(out[1:]), h.device)))
+        return h
+
+
+class PassOn(StandIn):
+    """Stands in for a module the engine applies itself (the final norm while the layer calls are recorded): returns
+    its input; what the model reads of it (Zaya's ``norm.weight.dtype``) is read from the real one."""
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        return x
+
+
+class Stub(StandIn):
+    """Stands in for a layer while the model's forward runs: records its call (and with ``hidden``, its input),
+    returns its input (in the real block's structure, :class:`StandIn`)."""
+
+    def __init__(self, calls: list[Call | None], i: int, hidden: list | None = None,
+                 block: nn.Module | None = None) -> None:
+        super().__init__(block)
         self.calls, self.i, self.hidden = calls, i, hidden
 
     def forward(self, *args, **kwargs):
@@ -86,7 +180,12 @@ class Stub(nn.Module):
         self.calls[self.i] = Call(args if kw else args[1:], rest, kw)
         if self.hidden is not None:
             self.hidden.append(h)
-        return h
+        return self.returns(h, args, kwargs)
+
+
+def stubs(layers: nn.ModuleList, calls: list[Call | None], hidden: list | None = None) -> nn.ModuleList:
+    """A :class:`Stub` for each of ``layers`` (the skeleton's, on the meta device), recording into ``calls``."""
+    return nn.ModuleList(Stub(calls, i, hidden, block) for i, block in enumerate(layers))
 
 
 @contextlib.contextmanager
@@ -229,8 +328,7 @@ class LayerSource:
         masks and rotary tables broadcast over any number of rows)."""
         if seq_len not in self._calls:
             calls: list[Call | None] = [None] * self.n_layers
-            stubs = nn.ModuleList(Stub(calls, i) for i in range(self.n_layers))
-            with swapped(self.owner, {self.layers_attr: stubs}), self._after_layers_off():
+            with swapped(self.owner, {self.layers_attr: stubs(self.layers, calls)}), self._after_layers_off():
                 self._record(seq_len)
             if any(c is None for c in calls):
                 raise DepthlabError("the model's forward did not call every layer; cannot stream it")
@@ -245,7 +343,7 @@ class LayerSource:
     def _after_layers_off(self) -> contextlib.AbstractContextManager:
         """What the model applies after its last block (the final norm) replaced by identities."""
         owner, name = self.final_norm_attr
-        return swapped(owner, {name: nn.Identity()})
+        return swapped(owner, {name: PassOn(getattr(owner, name))})
 
     def _bind(self, i: int, call: Call) -> Call:
         """Layer ``i``'s recorded call, completed with what it needs beyond the recording (none here)."""

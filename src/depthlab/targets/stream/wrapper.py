@@ -33,7 +33,7 @@ from torch import nn
 
 from depthlab.base.errors import DepthlabError
 from depthlab.targets.stream.hf import HFLayerSource
-from depthlab.targets.stream.source import Call, Stub, swapped
+from depthlab.targets.stream.source import Call, stubs, swapped
 
 #: The key of an image-text batch's ``inputs`` naming the 1-based vision blocks it skips (a tuple).
 SKIP = "skip_vision_blocks"
@@ -112,6 +112,10 @@ class WrapperLayerSource(HFLayerSource):
             return model, self.family.layers.split(".")[0]
         return get_path(model, inner), self.family.layers[len(inner) + 1:].split(".")[0]
 
+    def _head_extras(self, head: nn.Module) -> list[nn.Module]:
+        """None: the wrapper's other modules are its image towers (:attr:`image_modules`)."""
+        return []
+
     def _initialiser(self, module: nn.Module) -> nn.Module:
         """The innermost transformers model holding ``module`` (a wrapper's CLIP / SigLIP vision tower initialises
         its own position ids; the wrapper's ``_init_weights`` does not know them)."""
@@ -182,8 +186,7 @@ class WrapperLayerSource(HFLayerSource):
         """Block 1's input for an image-text batch; each block's call (and what follows it) kept for the batch."""
         calls: list[Call | None] = [None] * self.n_layers
         hidden: list[torch.Tensor] = []
-        stubs = nn.ModuleList(Stub(calls, i, hidden) for i in range(self.n_layers))
-        out = self.run_images(ids, inputs, stubs)
+        out = self.run_images(ids, inputs, stubs(self.layers, calls, hidden))
         if len(hidden) != self.n_layers or any(c is None for c in calls):
             raise DepthlabError("the wrapper's forward did not call every language block on an image-text batch; "
                                 "cannot stream it")
@@ -234,9 +237,8 @@ class WrapperLayerSource(HFLayerSource):
 
         handles = [b.register_forward_pre_hook(pre(i), with_kwargs=True) for i, b in enumerate(vision)]
         handles.append(vision[-1].register_forward_hook(post, with_kwargs=True))
-        stubs = nn.ModuleList(Stub([None] * self.n_layers, i) for i in range(self.n_layers))
         try:
-            self.run_images(ids, inputs, stubs)
+            self.run_images(ids, inputs, stubs(self.layers, [None] * self.n_layers))
         finally:
             for h in handles:
                 h.remove()
