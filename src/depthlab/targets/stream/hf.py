@@ -334,7 +334,8 @@ class HFLayerSource(LayerSource):
     def _bind(self, i: int, call: Call) -> Call:
         slots = self._token_slots(call)
         tokens = (lambda ids: self.token_inputs(ids)[i]) if slots else None
-        return Call(call.args, call.kwargs, call.hidden_is_kwarg, self.streams, slots, tokens, self.family.row_args)
+        return Call(call.args, call.kwargs, call.hidden_is_kwarg, self.streams, slots, tokens, self.family.row_args,
+                    call.row_scaled)
 
     @contextlib.contextmanager
     def head(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
@@ -356,9 +357,9 @@ class HFLayerSource(LayerSource):
             for m in self.head_modules:
                 self.release(m)
 
-    def _record(self, seq_len: int) -> None:
+    def _record(self, seq_len: int, rows: int = 1) -> None:
         self._owner_tensors()
-        ids = torch.zeros(1, seq_len, dtype=torch.long, device=self.device)
+        ids = torch.zeros(rows, seq_len, dtype=torch.long, device=self.device)
         stored = {name: _ZerosOf(m, self.compute_dtype, self.device) for name, m in self.owner.named_children()
                   if any(m is e for e in self.embed_modules)}  # embedding tables (and projections): zeros of their shape
         with torch.no_grad(), swapped(self.owner, stored):

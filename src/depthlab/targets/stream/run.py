@@ -35,7 +35,7 @@ class RunLayerSource(LayerSource):
         self.final_norm_attr = (model, "norm")
         self.state_width = cfg.d_model
 
-    def _record(self, seq_len: int) -> None:
-        self.skeleton.run_blocks(torch.zeros(1, seq_len, self.skeleton.cfg.d_model, dtype=self.compute_dtype,
+    def _record(self, seq_len: int, rows: int = 1) -> None:
+        self.skeleton.run_blocks(torch.zeros(rows, seq_len, self.skeleton.cfg.d_model, dtype=self.compute_dtype,
                                              device=self.device))
 

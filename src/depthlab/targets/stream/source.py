@@ -46,6 +46,7 @@ class Call:
     token_slots: tuple[tuple[str, int | None], ...] = ()  # (argument, its index in ``args``; None: a keyword)
     tokens: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None  # ids (B, T) -> those arguments
     row_args: tuple[str, ...] = ()  # keyword arguments recorded for one row, expanded to the call's rows
+    row_scaled: tuple[str | int, ...] = ()  # arguments (name, or index in args) that grow with the rows: repeated
 
     def __call__(self, layer: nn.Module, h: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         args, kwargs = self.args, self.kwargs
@@ -64,6 +65,12 @@ class Call:
             v = kwargs.get(name)
             if isinstance(v, torch.Tensor) and v.shape[0] == 1:
                 kwargs = {**kwargs, name: v.expand(h.shape[0], *v.shape[1:])}
+        if self.row_scaled and h.shape[0] > 1:  # the one recorded row's, repeated (BLOOM's alibi: rows x heads)
+            args, kwargs = list(args), dict(kwargs)
+            for key in self.row_scaled:
+                where, v = (args if isinstance(key, int) else kwargs), (args if isinstance(key, int) else kwargs)[key]
+                where[key] = v.expand(h.shape[0], *v.shape[1:]) if v.shape[0] == 1 else \
+                    v.repeat(h.shape[0], *[1] * (v.dim() - 1))  # a view where it can be: no copy per row
         if self.streams:
             h = h.unflatten(-1, self.streams)
         out = layer(*args, **{**kwargs, "hidden_states": h}) if self.hidden_is_kwarg else layer(h, *args, **kwargs)
@@ -327,13 +334,23 @@ class LayerSource:
         """How the model's own forward calls each layer on a sequence of ``seq_len`` tokens (batch 1:
         masks and rotary tables broadcast over any number of rows)."""
         if seq_len not in self._calls:
-            calls: list[Call | None] = [None] * self.n_layers
-            with swapped(self.owner, {self.layers_attr: stubs(self.layers, calls)}), self._after_layers_off():
-                self._record(seq_len)
+            calls = self._recorded(seq_len, 1)
             if any(c is None for c in calls):
                 raise DepthlabError("the model's forward did not call every layer; cannot stream it")
+            try:  # recorded again for two rows: the arguments that grow with the rows are repeated per call
+                twice = self._recorded(seq_len, 2)
+            except Exception:  # noqa: BLE001 - a model that records one row only: nothing repeated
+                twice = [None] * self.n_layers
+            for one, two in zip(calls, twice):
+                one.row_scaled = _row_scaled(one, two)  # type: ignore[union-attr]
             self._calls[seq_len] = [self._bind(i, c) for i, c in enumerate(calls)]  # type: ignore[arg-type]
         return self._calls[seq_len]
+
+    def _recorded(self, seq_len: int, rows: int) -> list[Call | None]:
+        calls: list[Call | None] = [None] * self.n_layers
+        with swapped(self.owner, {self.layers_attr: stubs(self.layers, calls)}), self._after_layers_off():
+            self._record(seq_len, rows)
+        return calls
 
     def calls_for(self, batch: Any) -> list[Call]:
         """How the model calls each layer on a sweep's ``batch`` (:class:`~depthlab.targets.stream.sweep.SweepBatch`):
@@ -349,6 +366,21 @@ class LayerSource:
         """Layer ``i``'s recorded call, completed with what it needs beyond the recording (none here)."""
         return call
 
-    def _record(self, seq_len: int) -> None:
+    def _record(self, seq_len: int, rows: int = 1) -> None:
         raise NotImplementedError
+
+
+def _row_scaled(one: Call | None, two: Call | None) -> tuple[str | int, ...]:
+    """The arguments (keyword names, positions in ``args``) of a call recorded for one row whose first dimension
+    doubles when recorded for two (XGLM's mask, BLOOM's alibi): they belong to each row, and are repeated for the
+    rows of a call."""
+    if one is None or two is None or len(one.args) != len(two.args):
+        return ()
+
+    def grows(a: Any, b: Any) -> bool:
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() > 0
+                and a.shape[0] > 0 and b.shape[0] == 2 * a.shape[0])
+
+    return (*(i for i, (a, b) in enumerate(zip(one.args, two.args)) if grows(a, b)),
+            *(k for k, v in one.kwargs.items() if grows(v, two.kwargs.get(k))))
 

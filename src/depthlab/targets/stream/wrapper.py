@@ -45,7 +45,7 @@ class _Added(Call):
 
     def __init__(self, call: Call, delta: torch.Tensor) -> None:
         super().__init__(call.args, call.kwargs, call.hidden_is_kwarg, call.streams, call.token_slots, call.tokens,
-                         call.row_args)
+                         call.row_args, call.row_scaled)
         self.delta = delta
 
     def __call__(self, layer: nn.Module, h: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
