@@ -334,8 +334,9 @@ class HFLayerSource(LayerSource):
     def _bind(self, i: int, call: Call) -> Call:
         slots = self._token_slots(call)
         tokens = (lambda ids: self.token_inputs(ids)[i]) if slots else None
+        given = {name for name, _ in slots} | {pos for _, pos in slots}  # per-token values come from the ids
         return Call(call.args, call.kwargs, call.hidden_is_kwarg, self.streams, slots, tokens, self.family.row_args,
-                    call.row_scaled)
+                    tuple(k for k in call.row_scaled if k not in given))
 
     @contextlib.contextmanager
     def head(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:

@@ -67,7 +67,7 @@ class Call:
                 kwargs = {**kwargs, name: v.expand(h.shape[0], *v.shape[1:])}
         if self.row_scaled and h.shape[0] > 1:  # the one recorded row's, repeated (BLOOM's alibi: rows x heads)
             args, kwargs = list(args), dict(kwargs)
-            for key in self.row_scaled:
+            for key in (k for k in self.row_scaled if k not in self.row_args):  # those already expanded above
                 where, v = (args if isinstance(key, int) else kwargs), (args if isinstance(key, int) else kwargs)[key]
                 where[key] = v.expand(h.shape[0], *v.shape[1:]) if v.shape[0] == 1 else \
                     v.repeat(h.shape[0], *[1] * (v.dim() - 1))  # a view where it can be: no copy per row
