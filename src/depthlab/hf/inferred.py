@@ -175,10 +175,7 @@ def layout(model: Any) -> dict[str, Any]:
     base, below = _split_base(model, path)
     norm = _final_norm(owner, attr)
     norm_path = ".".join(p for p in (below.rpartition(".")[0], norm) if p) if norm else ""
-    refused = {}
-    if norm is None:
-        refused["stream"] = f"no final norm found beside its block list ({path}); the layer-by-layer engine needs one"
-    return {"base": base, "blocks": below, "norm": norm_path, "kind": _kind(config, blocks), "refused": refused,
+    return {"base": base, "blocks": below, "norm": norm_path, "kind": _kind(config, blocks), "refused": {},
             **layer_fields(config, n)}
 
 

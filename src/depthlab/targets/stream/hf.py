@@ -116,6 +116,9 @@ def _conversion(model: nn.Module, store: TensorStore) -> tuple[list, dict[str, l
         target, _ = rename_source_key(key, renamings, converters)
         if target != key:
             sources.setdefault(target, []).append(key)
+        for split in (c for c in converters if len(c.target_patterns) > 1 and c.target_patterns[0] in target):
+            for other in split.target_patterns[1:]:  # one stored tensor split in several (a fused q/k/v): each
+                sources.setdefault(target.replace(split.target_patterns[0], other), []).append(key)
     return (mapping, sources) if sources else ([], {})
 
 
@@ -138,7 +141,8 @@ class HFLayerSource(LayerSource):
             apply_layernorm_scaling(model)  # hooks on the meta layers' norms: they stay through every load
         self.skeleton = model.eval()
         self.owner, self.layers_attr = split_path(model, self.family.layers)
-        self.final_norm_attr = split_path(model, self.family.final_norm)
+        # none: the LM head reads the last block's output (GPT-1, XLNet)
+        self.final_norm_attr = split_path(model, self.family.final_norm) if self.family.final_norm else None
         self.collapse_attr = split_path(model, self.family.collapse) if self.family.collapse else None
         self.lm, self.base_attr = self._lm(model)  # the module making the logits, and its base model's name in it
         names = self._names()
@@ -153,6 +157,7 @@ class HFLayerSource(LayerSource):
                 self._fill_computed(m)  # rotary tables: small and computed, not stored; built once on the device
         self.embed_modules = tuple(m for m in inner if m.state_dict())
         self.head_modules = (*after, *self._head_extras(head), head)
+        self._n_after = len(after)
         self._owner_read = False  # the owner's own tensors (not its children's): read at the first forward
         text = config.get_text_config()  # the config itself, or an image-text wrapper's text_config
         n = int(getattr(text, self.family.streams)) if self.family.streams else 1
@@ -254,10 +259,29 @@ class HFLayerSource(LayerSource):
             meta = [n for n in sub._non_persistent_buffers_set if getattr(sub, n, None) is not None and getattr(sub, n).is_meta]
             if not meta:
                 continue
-            for n in meta:
-                setattr(sub, n, torch.empty_like(getattr(sub, n), device=self.device))
+            for n in meta:  # NaN until initialised: what the module's own initialisation leaves is seen
+                empty = torch.empty_like(getattr(sub, n), device=self.device)
+                setattr(sub, n, empty.fill_(float("nan")) if empty.is_floating_point() else empty)
             with torch.no_grad():
                 self._initialiser(sub)._init_weights(sub)
+            if any(getattr(sub, n).is_floating_point() and bool(getattr(sub, n).isnan().any()) for n in meta):
+                self._fill_from_above(sub, meta)
+
+    def _fill_from_above(self, sub: nn.Module, names: list[str]) -> None:
+        """``sub``'s buffers ``names`` made by an enclosing module's initialisation (Falcon-H1's model sets each
+        mixer's ``mup_vector``): the enclosing modules' initialisations, innermost first, until none is NaN; what
+        they would set of their own tensors is put back."""
+        path = self._names()[id(sub)].split(".")
+        for k in range(len(path) - 1, -1, -1):
+            above = self.skeleton.get_submodule(".".join(path[:k]))
+            own = {n: t for n, t in (*above._parameters.items(), *above._buffers.items()) if t is not None}
+            saved = {n: t.detach().clone() for n, t in own.items() if not t.is_meta}
+            with torch.no_grad():
+                self._initialiser(above)._init_weights(above)
+                for n, t in saved.items():
+                    (above._parameters.get(n) if n in above._parameters else above._buffers[n]).copy_(t)
+            if not any(getattr(sub, n).is_floating_point() and bool(getattr(sub, n).isnan().any()) for n in names):
+                return
 
     def _initialiser(self, module: nn.Module) -> nn.Module:
         """The transformers model whose ``_init_weights`` makes ``module``'s computed buffers: the skeleton."""
@@ -342,7 +366,7 @@ class HFLayerSource(LayerSource):
     def head(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         """The streams collapsed (DeepSeek-V4), the final norm, then the LM's own forward from there (LM head,
         soft-capping, logit scaling); released on exit."""
-        *after, lm_head = self.head_modules
+        after = self.head_modules[:self._n_after]  # what the engine applies; the LM's forward applies the rest
         for m in self.head_modules:
             self.materialise(m)
         try:

@@ -215,7 +215,7 @@ class LayerSource:
     layers_attr: str  # ... under this name
     embed_modules: tuple[nn.Module, ...]  # applied in order to token ids
     head_modules: tuple[nn.Module, ...]  # final norm, LM head
-    final_norm_attr: tuple[nn.Module, str]  # (owner, name) of the final norm, swapped out while recording calls
+    final_norm_attr: tuple[nn.Module, str] | None  # (owner, name) of the final norm (None: none), off while recording
     state_width: int  # width of the residual state between blocks as the engine holds it ((B, T, n·D) for n streams)
     check_finite: bool = False  # refuse NaN/inf weights as they are read (depthlab runs, as load_run does)
 
@@ -359,6 +359,8 @@ class LayerSource:
 
     def _after_layers_off(self) -> contextlib.AbstractContextManager:
         """What the model applies after its last block (the final norm) replaced by identities."""
+        if self.final_norm_attr is None:
+            return contextlib.nullcontext()
         owner, name = self.final_norm_attr
         return swapped(owner, {name: PassOn(getattr(owner, name))})
 
