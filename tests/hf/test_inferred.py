@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -141,11 +142,23 @@ def test_a_sample_of_transformers_families_streams_and_prunes_exactly_or_is_refu
 
 
 def test_a_family_whose_layer_by_layer_forward_differs_is_refused_before_streaming(tmp_path):
-    """BLOOM's ALiBi bias is built for the rows of the batch it was recorded on: the streamed engine cannot replay it,
-    and the check on a small model of the family says so before any weight of the checkpoint is read."""
-    path = save_tiny("bloom", tmp_path / "bloom")
-    with pytest.raises(DepthlabError, match=r"cannot stream bloom \(layout inferred\).*small model of its family"):
+    """Inkling 2 mixes every block's output into the stream after the last block (a state the block list does not
+    carry): the streamed engine cannot replay it, and the check on a small model of the family says so before any
+    weight of the checkpoint is read."""
+    path = save_tiny("inkling2_text", tmp_path / "inkling2")
+    with pytest.raises(DepthlabError, match=r"cannot stream inkling2_text \(layout inferred\).*small model of its "
+                                            "family does not reproduce"):
         diagnose(str(path), DiagnoseOptions(**OPTS, stream=True))
+
+
+def test_arguments_recorded_per_row_are_repeated_for_every_row(tmp_path):
+    """BLOOM's ALiBi bias (rows x heads) and XGLM's mask (passed by position) are built for the rows of the batch the
+    calls were recorded on: recorded for one row and for two, they are found to grow with the rows and repeated, so
+    both stream equal to in memory."""
+    for model_type in ("bloom", "xglm"):
+        path = save_tiny(model_type, tmp_path / model_type)
+        streamed = diagnose(str(path), DiagnoseOptions(**OPTS, stream=True))
+        assert report_diff(streamed, diagnose(load_target(str(path)), DiagnoseOptions(**OPTS))) <= 1e-4
 
 
 def test_a_pruned_export_that_differs_from_skipping_is_refused_and_nothing_written(tmp_path):
@@ -235,3 +248,31 @@ def test_the_monitor_finds_an_inferred_layouts_blocks():
     assert find_layers(model) is get_path(model, family_of_model(model).layers) is model.model.decoder.layers
     series = DepthMonitor(model, IDS, every=1, removal=False).probe()
     assert len(series["layer_angular"]) == model.config.num_hidden_layers
+
+
+@pytest.mark.parametrize(("argv", "why"), [
+    (["diagnose", "{m}", "--no-stream"], "cannot find the layer list of XLMWithLMHeadModel"),
+    (["evaluate", "{m}", "--tasks", "builtin-mc", "--out", "{o}"], "cannot find the layer list of XLMWithLMHeadModel"),
+    (["prune", "{m}", "--remove", "1", "--out", "{o}"], "cannot prune xlm .*ModuleLists"),
+    (["finetune", "{m}", "--data", "builtin-sft", "--out", "{o}"], "xlm"),
+    (["export", "{m}", "--hf", "{o}"], "{m}"),
+])
+def test_every_command_refuses_a_model_it_cannot_read_before_any_weight_is_read(argv, why, tmp_path, capsys):
+    """XLM (four ModuleLists of its depth, no block list to tell): diagnose in memory, evaluate, prune, finetune and
+    export each refuse it in one line, exit 2, from config.json and the class built on the meta device alone; the
+    weights file is a 1 GiB placeholder that any read would trip on (its header is zeros)."""
+    from transformers import AutoConfig
+
+    from depthlab.cli import main
+
+    path = tmp_path / "xlm"
+    AutoConfig.for_model("xlm", n_layers=2, emb_dim=32, n_heads=2, vocab_size=300).save_pretrained(path)
+    with open(path / "model.safetensors", "wb") as f:
+        f.truncate(1 << 30)
+    out = tmp_path / "out"
+    code = main([a.format(m=path, o=out) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert re.search(why.format(m=path), err), err
+    assert "safetensors" not in err.lower() and "header" not in err.lower()  # nothing read the weights file
+    assert not out.exists()

@@ -143,9 +143,10 @@ def from_hf(
     e.g. an HF model trained with LNS loads back with ``scheme="lns"``. ``scheme=None`` (default):
     ``"lns"`` when the HF config records LayerNorm Scaling (``depthlab.hf.apply_layernorm_scaling``),
     else ``"pre"``; an LNS checkpoint is never read as another scheme."""
+    cfg = _config_before_load(model_or_path, scheme) if gguf_file is None else None
     hf_model = model_or_path if isinstance(model_or_path, nn.Module) else load_hf_model(model_or_path, gguf_file, dtype)
     scheme = _scheme_for(hf_model.config, scheme)
-    cfg = config_from_hf(hf_model.config, scheme)
+    cfg = cfg or config_from_hf(hf_model.config, scheme)
     hf_state = hf_model.state_dict()
     state = {}
     for key in _depthlab_keys(cfg):
@@ -157,6 +158,24 @@ def from_hf(
     if extra - {"lm_head.weight"}:
         raise DepthlabError(f"HF weights depthlab cannot place: {sorted(extra)[:4]}")
     return model_with_weights(cfg, state, "the HF checkpoint")
+
+
+def _config_before_load(source: Any, scheme: str | None) -> ModelConfig | None:
+    """The depthlab config of an HF model directory's config.json, before any weight is read: a family or shape
+    depthlab cannot convert (``finetune`` of a GPT-2, a BERT) is refused in one line at once; None for a model
+    already loaded, a hub name or a GGUF file (read by the loader)."""
+    if isinstance(source, nn.Module):
+        return None
+    path = Path(source).expanduser()
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        return None
+    from transformers import AutoConfig
+
+    try:
+        hf_cfg = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except Exception:  # noqa: BLE001 - the loader reads it again and names what is wrong
+        return None
+    return config_from_hf(hf_cfg, _scheme_for(hf_cfg, scheme))
 
 
 def _depthlab_keys(cfg: ModelConfig) -> list[str]:

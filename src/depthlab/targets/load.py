@@ -172,12 +172,39 @@ def plan_target(name: str, device: str | torch.device = "cpu", dtype: torch.dtyp
         from depthlab.hf.config_checks import check_model_dir
 
         check_model_dir(path)  # config.json's sizes and rules, the same for either engine
+        if tower == "language":
+            check_blocks_before_load(path)
     plan = plan_engine(name, device, dtype, stream, tower)  # a family that cannot stream: refused from config.json alone
     if path is not None:
         from depthlab.targets.stream.safetensors import safetensors_files, tensor_index
 
         tensor_index(safetensors_files(path))  # every weight header whole, its offsets consistent; no weight read
     return plan
+
+
+def check_blocks_before_load(path: Path) -> None:
+    """A model whose blocks cannot be found, refused from config.json alone: the class the loader would build for it
+    (an encoder's or a causal LM's) built on the meta device (no memory, no weight read) and searched as the loaded
+    model would be (:func:`~depthlab.targets.layers.find_layers`), so every command that opens it (diagnose,
+    evaluate, prune) says so in one line before reading weights. A table family always has its blocks found; an
+    image-text wrapper has its own check (:func:`check_tower_target`); a config transformers cannot build is left to
+    the loader's own line."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    from depthlab.hf.families import FAMILIES
+    from depthlab.targets.wrappers import image_text_config
+
+    if image_text_config(path) is not None:
+        return
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+        if getattr(config, "model_type", None) in FAMILIES:
+            return
+        with torch.device("meta"):
+            model = (AutoModel if _is_encoder_dir(path) else AutoModelForCausalLM).from_config(config)
+    except Exception:  # noqa: BLE001 - the loader builds the same class first and names what is wrong, still unread
+        return
+    find_layers(model)
 
 
 def _model_dir(name: str) -> Path | None:
