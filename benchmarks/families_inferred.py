@@ -68,8 +68,8 @@ def skipping(model: torch.nn.Module, layers_path: str, block: int) -> torch.Tens
 
     layers = get_path(model, layers_path)
     handle = layers[block - 1].register_forward_hook(
-        lambda m, a, k, out: (a[0] if a else k["hidden_states"], *out[1:]) if isinstance(out, tuple)
-        else (a[0] if a else k["hidden_states"]), with_kwargs=True)
+        lambda m, a, k, out: type(out)((a[0] if a else k["hidden_states"], *out[1:]))
+        if isinstance(out, (tuple, list)) else (a[0] if a else k["hidden_states"]), with_kwargs=True)  # GPT-1: a list
     try:
         with torch.no_grad():
             return model(input_ids=IDS, use_cache=False).logits

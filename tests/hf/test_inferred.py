@@ -69,8 +69,8 @@ def _skipping(model, layers_path: str, block: int) -> torch.Tensor:
     """The original's logits with block ``block`` (1-based) handing its input on."""
     layers = get_path(model, layers_path)
     handle = layers[block - 1].register_forward_hook(
-        lambda m, a, k, out: (a[0] if a else k["hidden_states"], *out[1:]) if isinstance(out, tuple)
-        else (a[0] if a else k["hidden_states"]), with_kwargs=True)
+        lambda m, a, k, out: type(out)((a[0] if a else k["hidden_states"], *out[1:]))
+        if isinstance(out, (tuple, list)) else (a[0] if a else k["hidden_states"]), with_kwargs=True)  # GPT-1: a list
     try:
         with torch.no_grad():
             return model(input_ids=IDS, use_cache=False).logits
