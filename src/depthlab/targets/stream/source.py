@@ -331,8 +331,9 @@ class LayerSource:
 
     # ------------------------------------------------------------------ calls
     def layer_calls(self, seq_len: int) -> list[Call]:
-        """How the model's own forward calls each layer on a sequence of ``seq_len`` tokens (batch 1:
-        masks and rotary tables broadcast over any number of rows)."""
+        """How the model's own forward calls each layer on a sequence of ``seq_len`` tokens (recorded for one row:
+        masks and rotary tables broadcast over any number of rows; those that grow with the rows, found by recording
+        two, are expanded or repeated to the rows of each call)."""
         if seq_len not in self._calls:
             calls = self._recorded(seq_len, 1)
             if any(c is None for c in calls):
