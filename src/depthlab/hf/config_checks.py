@@ -37,7 +37,8 @@ LAYER_COUNT_LIMITS: dict[str, tuple[int, str]] = {
 }
 
 #: A wrapper's config fields holding the token ids its image (video) features are scattered into: each must be a token
-#: of the text vocabulary, else transformers' forward finds no place for the features mid-run.
+#: of the text vocabulary (or, where the wrapper pads one beyond it, ``Wrapper.image_token_oov``, non-negative), else
+#: transformers' forward fails mid-run (an IndexError in the embedding, "image features and image tokens do not match").
 MEDIA_TOKEN_FIELDS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
 
 #: Width fields of the raw config.json checked against MAX_WIDTH (under their names in the family's config class).
@@ -205,8 +206,12 @@ def check_tower_fields(config: Any, file: Path | str = "config.json") -> None:
             if why is not None:
                 raise DepthlabError(f"{str(file)!r}: {why}")
     vocab, values = getattr(text, "vocab_size", None), config.to_dict()
+    if not isinstance(vocab, int):
+        return
+    top = float("inf") if wrapper.image_token_oov else vocab  # Gemma 3, PaliGemma: an id beyond it is padded
     for name in (n for n in MEDIA_TOKEN_FIELDS if n in values):  # under config.json's own name
         token = values[name]
-        if isinstance(vocab, int) and isinstance(token, int) and not 0 <= token < vocab:
+        if isinstance(token, int) and not isinstance(token, bool) and not 0 <= token < top:
+            give = "a non-negative id" if wrapper.image_token_oov else f"an id in 0..{vocab - 1}"
             raise DepthlabError(f"{str(file)!r}: {name}={token} is not a token of the text vocabulary "
-                                f"(text_config.vocab_size={vocab}); give an id in 0..{vocab - 1}")
+                                f"(text_config.vocab_size={vocab}); give {give}")
