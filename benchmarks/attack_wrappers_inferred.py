@@ -10,6 +10,9 @@ Each case is (name, model directory, damage, command line, what is promised). Th
 - **refuse**: exit 2, one line on stderr starting ``depthlab COMMAND: error:`` (holding ``needle`` when given), no
   traceback, nothing on stdout (no work logged before the refusal), and nothing written under ``--out``;
 - **ok**: exit 0 and the output written (a valid input or a damage the command need not care about);
+- **exact**: ``prune`` exits 0 and its export, reloaded in plain transformers, gives the logits of the original with
+  the removed blocks passing their input on (forward hooks, not depthlab's own check), or it is refused in one line
+  with nothing written;
 - **agree**: ``diagnose`` in both engines exits 0 with reports whose numbers agree (an input transformers itself
   reads one defined way);
 - **kill9:FIELD**: a streamed run killed (SIGKILL) mid-pass, config.json's FIELD edited, the rerun's report equal to a
@@ -168,7 +171,7 @@ QV = r"visual\.blocks\.1\.mlp\.linear_fc1\.weight"
 L2 = r"layers\.2\.mlp\.down_proj\.weight"
 
 #: name -> (base, damage, argv after the command's own flags, promise, needle). ``{m}`` is the model directory,
-#: ``{w}`` the workspace; a promise "refuse" / "ok" / "any" (either one, cleanly) / "agree" / "kill9:FIELD".
+#: ``{w}`` the workspace; a promise "refuse" / "ok" / "any" (either one, cleanly) / "exact" / "agree" / "kill9:FIELD".
 CASES: dict[str, tuple[str, Callable[[Path], None] | None, list[str], str, str]] = {
     # the image-text wrappers: LLaVA (legacy layout, untied head), both towers, both engines
     "llava-ok-diag-lang-stream": ("llava", None, D + S, "ok", ""),
@@ -293,6 +296,15 @@ CASES: dict[str, tuple[str, Callable[[Path], None] | None, list[str], str, str]]
                                         "in memory"),
     "arcee-kill9-edit-config": ("arcee", None, D + S, "kill9:rope_theta", ""),
     "afmoe-ok-prune-stream": ("afmoe", None, P + S + ["--remove", "1"], "ok", ""),
+    # blocks whose position the config encodes (afmoe: num_dense_layers, a global-attention layer every 4th):
+    # either an export equal to the original with them skipped, or a refusal
+    "afmoe-prune-dense-block-stream": ("afmoe", None, P + S + ["--blocks", "1"], "exact", ""),
+    "afmoe-prune-dense-block-memory": ("afmoe", None, P + M + ["--blocks", "1"], "exact", ""),
+    "afmoe-prune-global-block-stream": ("afmoe", None, P + S + ["--blocks", "4"], "exact", ""),
+    "apertus-prune-block-2-stream": ("apertus", None, P + S + ["--blocks", "2"], "exact", ""),
+    "arcee-prune-block-3-memory": ("arcee", None, P + M + ["--blocks", "3"], "exact", ""),
+    "llava-prune-lang-block-2-stream": ("llava", None, P + S + ["--blocks", "2"], "exact", ""),
+    "qwen3vl-prune-lang-block-4-memory": ("qwen3_vl", None, P + M + ["--blocks", "4"], "exact", ""),
     "afmoe-expert-missing": ("afmoe", drop(r"layers\.2\.mlp\.experts\.1\.up_proj"), D + S, "refuse", "experts"),
     "afmoe-layer-types-long": ("afmoe", config(_set("layer_types", ["sliding_attention"] * 5)), D + S, "refuse",
                                "layer_types"),
@@ -427,6 +439,50 @@ def agree(ws: Path, model: Path, out: Path, argv: list[str]) -> dict[str, Any]:
             "why": "" if diff <= 1e-5 else f"the engines differ by {diff:.3g}"}
 
 
+def exact(ws: Path, model: Path, out: Path, argv: list[str]) -> dict[str, Any]:
+    """``argv`` (a prune of the language tower) exits 0, and its export, loaded in plain transformers, gives the logits
+    of the original with the removed blocks passing their input on (forward hooks: independent of depthlab's own
+    check) on a text batch."""
+    res = _run(ws, _argv(ws, model, out, argv))
+    row = {"promise": "exact", "rc": res["rc"], "seconds": res["seconds"],
+           "stderr_last": (res["stderr"].strip().splitlines() or [""])[-1].replace(str(ws), "WS")[:400]}
+    if res["rc"] != 0:  # a refusal is kept too: nothing written, one line
+        behaved, why = judge("refuse", "", argv[0], {**res, "stdout": ""}, _written(out))
+        return {**row, "behaved": behaved, "why": why or "refused after the work (the export's own check)"}
+    removed = json.loads((out / "prune.json").read_text())["removed_blocks"]
+    diff = export_diff(model, out, removed)
+    ok = diff <= 1e-4
+    return {**row, "behaved": ok, "removed_blocks": removed, "max_abs_logit_diff": diff,
+            "why": "" if ok else f"the export's logits differ from the original with {removed} skipped by {diff:.3g}"}
+
+
+def export_diff(original: Path, export: Path, removed: list[int]) -> float:
+    """max |delta logit| between the export and the original whose 1-based language blocks ``removed`` hand their
+    input on, relative to max(1, max |logit|)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from depthlab.hf.wrappers import find_tower, text_forward, wrapper_of
+
+    def load(path: Path) -> Any:
+        cfg = json.loads((path / "config.json").read_text())
+        auto = AutoModelForImageTextToText if wrapper_of(cfg) is not None else AutoModelForCausalLM
+        return auto.from_pretrained(str(path), dtype=torch.float32).eval()
+
+    def skip(_m: Any, args: tuple, kwargs: dict, output: Any) -> Any:
+        h = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs["hidden_states"]
+        return (h, *output[1:]) if isinstance(output, tuple) else h
+
+    ref, got = load(original), load(export)
+    blocks = find_tower(ref, "language")
+    for b in removed:
+        blocks[b - 1].register_forward_hook(skip, with_kwargs=True)
+    ids = torch.randint(3, 250, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = text_forward(ref)(ids).float(), text_forward(got)(ids).float()
+    return float((a - b).abs().max()) / max(1.0, float(a.abs().max())) if a.shape == b.shape else float("inf")
+
+
 def _bump(c: dict, field: str) -> Any:
     for p in field.split("."):
         c = c.get(p, {}) if isinstance(c, dict) else {}
@@ -452,8 +508,9 @@ def run_case(ws: Path, name: str) -> dict[str, Any]:
         return {"name": name, "command": argv[0], **kill9(ws, name, base, argv, promise.split(":", 1)[1])}
     model = _model(ws, name, base, damage)
     out = ws / "out" / name
-    if promise == "agree":
-        return {"name": name, "command": argv[0], **agree(ws, model, out, argv)}
+    if promise in ("agree", "exact"):
+        check = agree if promise == "agree" else exact
+        return {"name": name, "command": " ".join(argv), **check(ws, model, out, argv)}
     full = _argv(ws, model, out, argv)
     target = Path(full[full.index("--out") + 1])
     res = _run(ws, full)

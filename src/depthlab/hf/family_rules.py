@@ -52,6 +52,7 @@ def _sparse_step(config: Any, keep: Sequence[int], n_layers: int) -> None:
 INDEX_RULES: dict[str, Callable[[Any, Sequence[int], int], None]] = {
     "max_window_layers": _count_below("max_window_layers"),  # Qwen2/3: layers below it attend fully
     "first_k_dense_replace": _count_below("first_k_dense_replace"),  # DeepSeek: the first k layers are dense
+    "num_dense_layers": _count_below("num_dense_layers"),  # AFMoE, LFM2-MoE: the first k layers are dense
     "decoder_sparse_step": _sparse_step,
     "num_kv_shared_layers": _count_last("num_kv_shared_layers"),  # Gemma 4: the last k layers reuse earlier K/V
 }
