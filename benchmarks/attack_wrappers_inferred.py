@@ -48,6 +48,7 @@ from families_stream import machine, max_diff  # noqa: E402 - a sibling module
 #: The tiny models every case starts from: name -> (builder, its argument, shards).
 BASES = {"llava": ("wrapper", "llava", None), "llava_sh": ("wrapper", "llava", "40KB"),
          "qwen3_vl": ("wrapper", "qwen3_vl", None), "gemma3": ("wrapper", "gemma3", None),
+         "llama4": ("wrapper", "llama4", None),
          "afmoe": ("decoder", "afmoe", None), "apertus": ("decoder", "apertus", None),
          "arcee": ("decoder", "arcee", None), "arcee_sh": ("decoder", "arcee", "40KB")}
 
@@ -268,6 +269,13 @@ CASES: dict[str, tuple[str, Callable[[Path], None] | None, list[str], str, str]]
     "qwen3vl-vision-shape": ("qwen3_vl", reshape(QV), P + S + ["--remove", "1"], "refuse", "linear_fc1"),
     "qwen3vl-text-config-fewer": ("qwen3_vl", config(_set("text_config.num_hidden_layers", 3)),
                                   P + S + ["--remove", "1"], "refuse", "3 layers"),
+    "qwen3vl-depth-huge": ("qwen3_vl", config(_set("vision_config.depth", 10 ** 9)), D + S + VISION, "refuse",
+                           "depth=1000000000"),
+    "llava-vision-layers-zero": ("llava", config(_set("vision_config.num_hidden_layers", 0)), D + M + VISION,
+                                 "refuse", "num_hidden_layers=0"),
+    # Llama 4: its vision tower refused by the registry (its forward raises in this transformers)
+    "llama4-vision-refused": ("llama4", None, D + S + VISION, "refuse", "Llama 4"),
+    "llama4-ok-diag-lang-memory": ("llama4", None, D + M, "ok", ""),
     # Gemma 3: a tied head, the legacy layout
     "gemma3-ok-prune-lang-stream": ("gemma3", None, P + S + ["--remove", "1"], "ok", ""),
     "gemma3-untied-without-head": ("gemma3", config(lambda c: (_set("tie_word_embeddings", False)(c),
@@ -316,6 +324,10 @@ CASES: dict[str, tuple[str, Callable[[Path], None] | None, list[str], str, str]]
                               "NaN"),
     "apertus-norm-shape": ("apertus", reshape(r"layers\.1\.feedforward_layernorm"), D + M, "refuse",
                            "feedforward_layernorm"),
+    "decoder-model-type-unknown": ("arcee", config(_set("model_type", "nosuchmodel")), D + S, "refuse",
+                                   "nosuchmodel"),
+    "decoder-layers-zero": ("arcee", config(_set("num_hidden_layers", 0)), P + M + ["--remove", "1"], "refuse",
+                            "num_hidden_layers=0"),
     "apertus-config-of-arcee": ("apertus", swap_config("arcee"), D + S, "refuse", ""),
 }
 
