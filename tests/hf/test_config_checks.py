@@ -80,3 +80,79 @@ def test_the_cli_refuses_gemma4_kv_sharing_every_layer_in_one_line_and_writes_no
 def test_the_registry_tiny_models_pass_the_check(tmp_path, model_type):
     """No false refusal of a valid config."""
     check_model_dir(save_tiny(model_type, tmp_path / model_type))
+
+
+# ---------------------------------------------------------------------------------------------- the towers' fields
+#: The attack re-run on the wrappers and the inferred layouts (docs/reliability.md): config fields that point at
+#: blocks or tokens beyond the model. Qwen3-VL's deepstack index beyond its vision tower was measured and pruned with
+#: a deepstack feature silently dropped; LLaVA's vision_feature_layer and image token ended on a raw IndexError /
+#: ValueError after the load.
+TOWER_CASES = {
+    "qwen3vl-deepstack-beyond": ("qwen3_vl", {"vision_config": {"deepstack_visual_indexes": [0, 5]}},
+                                 r"vision_config\.deepstack_visual_indexes=\[0, 5\] names block\(s\) \[5\], but the "
+                                 r"vision tower has 3 blocks; give indices in 0\.\.2"),
+    "llava-feature-layer-beyond": ("llava", {"vision_feature_layer": 7},
+                                   r"vision_feature_layer=7 names no state of the vision tower's 3 blocks \(give -4\.\.3\)"),
+    "llava-image-token-beyond": ("llava", {"image_token_index": 5000},
+                                 r"image_token_index=5000 is not a token of the text vocabulary \(text_config\.vocab_size"
+                                 r"=300\); give an id in 0\.\.299"),
+    "gemma3-image-token-negative": ("gemma3", {"image_token_index": -1},
+                                    r"image_token_index=-1 is not a token .*give a non-negative id"),
+    "qwen3moe-mlp-only-beyond": ("qwen3_moe", {"mlp_only_layers": [1, 4]},
+                                 r"mlp_only_layers=\[1, 4\] names block\(s\) \[4\], but the model has 4 blocks"),
+}
+
+
+def _config_dir(tmp_path: Path, model_type: str, edit: dict) -> Path:
+    """config.json alone (the check reads nothing else) of the tiny model of ``model_type``, ``edit`` merged into it
+    (one level deep)."""
+    from depthlab.hf.tiny import tiny_config, tiny_wrapper_config
+    from depthlab.hf.wrappers import WRAPPERS
+
+    config = tiny_wrapper_config(model_type)[0] if model_type in WRAPPERS else tiny_config(model_type)
+    config.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    for key, value in edit.items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", TOWER_CASES)
+def test_a_field_pointing_past_a_tower_is_refused_naming_it(tmp_path, case):
+    model_type, edit, needle = TOWER_CASES[case]
+    with pytest.raises(DepthlabError, match=needle):
+        check_model_dir(_config_dir(tmp_path, model_type, edit))
+
+
+def test_every_wrappers_tiny_config_passes_the_tower_check(tmp_path):
+    """No false refusal: every wrapper's config (both towers' index lists, vision_feature_layer, image tokens)."""
+    from depthlab.hf.wrappers import WRAPPERS
+
+    for model_type in WRAPPERS:
+        check_model_dir(_config_dir(tmp_path / model_type, model_type, {}))
+    check_model_dir(_config_dir(tmp_path / "oov", "gemma3", {"image_token_index": 400}))  # padded by its forward
+
+
+def test_a_streamed_vision_diagnose_with_deepstack_beyond_the_tower_writes_nothing(tmp_path, capsys, monkeypatch):
+    """The attack's silent wrong result: a report was written. Now one line, exit 2, before a model is built."""
+    import transformers
+
+    from depthlab.hf.tiny import save_tiny_wrapper
+
+    path = save_tiny_wrapper("qwen3_vl", tmp_path / "qwen3_vl")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["vision_config"]["deepstack_visual_indexes"] = [0, 5]
+    (path / "config.json").write_text(json.dumps(cfg))
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model was built before the refusal")
+
+    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_config", never)
+    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_pretrained", never)
+    out = tmp_path / "report"
+    capsys.readouterr()
+    assert main(["diagnose", str(path), "--tower", "vision", "--stream", "--device", "cpu", "--out", str(out)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "deepstack_visual_indexes=[0, 5]" in err[0], err
+    assert not out.exists() and not list(tmp_path.glob(".report*"))

@@ -14,7 +14,11 @@ before any weight is read, whichever family, engine or command:
   its error put in depthlab's sentence (never a raw ``StrictDataclassClassValidationError``);
 * **depthlab's rules**, which transformers checks for some families only: one entry per layer in every per-layer list
   (``layer_types``, ...: DeepSeek-V4's were not checked), and :data:`LAYER_COUNT_LIMITS` (Gemma 4 sharing keys and
-  values in every layer has no layer to share them from).
+  values in every layer has no layer to share them from);
+* **each tower's fields that point at its blocks** (:func:`check_tower_fields`): lists of layer indices within the
+  block count (Qwen3-VL's ``deepstack_visual_indexes=[0, 5]`` on 3 vision blocks was measured with one deepstack
+  feature silently dropped), a wrapper's fields that name a vision state (``vision_feature_layer``), its image token
+  ids within the text vocabulary.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ from depthlab.base.errors import DepthlabError, first_line
 LAYER_COUNT_LIMITS: dict[str, tuple[int, str]] = {
     "num_kv_shared_layers": (-1, "the layers that reuse keys and values need an earlier layer that makes them"),
 }
+
+#: A wrapper's config fields holding the token ids its image (video) features are scattered into: each must be a token
+#: of the text vocabulary (or, where the wrapper pads one beyond it, ``Wrapper.image_token_oov``, non-negative), else
+#: transformers' forward fails mid-run (an IndexError in the embedding, "image features and image tokens do not match").
+MEDIA_TOKEN_FIELDS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
 
 #: Width fields of the raw config.json checked against MAX_WIDTH (under their names in the family's config class).
 WIDTH_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads")
@@ -54,6 +63,7 @@ def check_model_dir(path: str | Path) -> None:
     config = _transformers_config(path, file)
     if config is not None:
         check_layer_fields(config, file)
+        check_tower_fields(config, file)
 
 
 def _config_parts(raw: dict[str, Any]) -> list[dict[str, Any]]:
@@ -143,3 +153,65 @@ def check_layer_fields(config: Any, file: Path | str = "config.json") -> None:
         if isinstance(value, int) and value > n + slack:
             raise DepthlabError(f"{str(file)!r}: {name}={value} with num_hidden_layers={n}: {why}; give at most "
                                 f"{n + slack}")
+
+
+def _index_lists(config: Any, names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` and every field the inferred layout reads as a list of layer indices (:data:`~depthlab.hf.inferred.
+    INDEX_LIST`), that ``config`` holds."""
+    import re
+
+    from depthlab.hf.inferred import INDEX_LIST
+
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    found = [k for k, v in values.items() if isinstance(v, (list, tuple)) and re.search(INDEX_LIST, k)]
+    return tuple(dict.fromkeys((*names, *found)))
+
+
+def _check_indices(config: Any, n: int, names: tuple[str, ...], prefix: str, tower: str, file: Path | str) -> None:
+    """Every list of layer indices of ``config`` (``names`` and what the inferred layout renumbers) within 0..n-1."""
+    for name in _index_lists(config, names):
+        values = getattr(config, name, None)
+        if not isinstance(values, (list, tuple)):
+            continue
+        bad = [v for v in values if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n)]
+        if bad:
+            raise DepthlabError(f"{str(file)!r}: {prefix}{name}={list(values)} names block(s) {bad}, but {tower} "
+                                f"has {n} blocks; give indices in 0..{n - 1}")
+
+
+def check_tower_fields(config: Any, file: Path | str = "config.json") -> None:
+    """The fields of a transformers config that point at blocks, held against each tower's block count: lists of layer
+    indices (the family's ``index_lists``, the vision tower's, and what the inferred layout renumbers), a wrapper's
+    :data:`~depthlab.hf.family_rules.WRAPPER_RANGES` fields, and its :data:`MEDIA_TOKEN_FIELDS` against the text
+    vocabulary. A field out of range is dropped or fails mid-run in transformers; here it is one line."""
+    from depthlab.hf.families import known_family
+    from depthlab.hf.family_rules import WRAPPER_RANGES, config_field
+    from depthlab.hf.wrappers import WRAPPERS, sub_config
+
+    wrapper = WRAPPERS.get(config_field(config, "model_type"))
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n = getattr(text, "num_hidden_layers", None)
+    fam = known_family(getattr(text, "model_type", None))
+    if isinstance(n, int):
+        _check_indices(text, n, fam.index_lists if fam is not None else (), "text_config." if wrapper else "",
+                       "the language tower" if wrapper else "the model", file)
+    if wrapper is None:
+        return
+    vision = sub_config(config, "vision_config")
+    depth = config_field(vision, wrapper.vision.count) if vision is not None else None
+    if isinstance(depth, int):
+        _check_indices(vision, depth, wrapper.vision.index_lists, "vision_config.", "the vision tower", file)
+        for name in wrapper.vision_rules:
+            why = WRAPPER_RANGES[name](config, depth)
+            if why is not None:
+                raise DepthlabError(f"{str(file)!r}: {why}")
+    vocab, values = getattr(text, "vocab_size", None), config.to_dict()
+    if not isinstance(vocab, int):
+        return
+    top = float("inf") if wrapper.image_token_oov else vocab  # Gemma 3, PaliGemma: an id beyond it is padded
+    for name in (n for n in MEDIA_TOKEN_FIELDS if n in values):  # under config.json's own name
+        token = values[name]
+        if isinstance(token, int) and not isinstance(token, bool) and not 0 <= token < top:
+            give = "a non-negative id" if wrapper.image_token_oov else f"an id in 0..{vocab - 1}"
+            raise DepthlabError(f"{str(file)!r}: {name}={token} is not a token of the text vocabulary "
+                                f"(text_config.vocab_size={vocab}); give {give}")

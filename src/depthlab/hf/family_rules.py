@@ -52,6 +52,7 @@ def _sparse_step(config: Any, keep: Sequence[int], n_layers: int) -> None:
 INDEX_RULES: dict[str, Callable[[Any, Sequence[int], int], None]] = {
     "max_window_layers": _count_below("max_window_layers"),  # Qwen2/3: layers below it attend fully
     "first_k_dense_replace": _count_below("first_k_dense_replace"),  # DeepSeek: the first k layers are dense
+    "num_dense_layers": _count_below("num_dense_layers"),  # AFMoE, LFM2-MoE: the first k layers are dense
     "decoder_sparse_step": _sparse_step,
     "num_kv_shared_layers": _count_last("num_kv_shared_layers"),  # Gemma 4: the last k layers reuse earlier K/V
 }
@@ -117,6 +118,22 @@ def _hidden_index(value: int, n_layers: int) -> int:
     return value if value >= 0 else n_layers + 1 + value
 
 
+def _feature_layers(config: Any) -> list[int]:
+    value = config_field(config, "vision_feature_layer")
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def vision_feature_layer_range(config: Any, n_layers: int) -> str | None:
+    """Why ``vision_feature_layer`` names no state of a vision tower of ``n_layers`` blocks (transformers' forward ends
+    on an IndexError mid-run), or None."""
+    bad = [v for v in _feature_layers(config) if not -(n_layers + 1) <= v <= n_layers]
+    if not bad:
+        return None
+    return (f"vision_feature_layer={config_field(config, 'vision_feature_layer')} names no state of the vision "
+            f"tower's {n_layers} blocks (give {-(n_layers + 1)}..{n_layers})")
+
+
 def vision_feature_layer(config: Any, keep: Sequence[int], n_layers: int) -> None:
     """LLaVA / Mistral 3's ``vision_feature_layer`` (an index, or a list, into the vision tower's ``hidden_states``:
     the states the projector reads) rewritten for the kept vision blocks ``keep`` (0-based) of ``n_layers``: it
@@ -166,6 +183,9 @@ def _deepstack(config: Any, tower: str, capability: str, removed: Sequence[int])
 #: Wrapper config fields that depend on vision block positions, rewritten when vision blocks are cut (the wrapper
 #: config, the kept 0-based vision blocks, their number before).
 WRAPPER_RULES: dict[str, Callable[[Any, Sequence[int], int], None]] = {"vision_feature_layer": vision_feature_layer}
+#: The range each of WRAPPER_RULES' fields must lie in (same names): (the wrapper config or config.json's dict, its
+#: vision block count) -> one line saying why it does not, or None. Checked before anything is built.
+WRAPPER_RANGES: dict[str, Callable[[Any, int], str | None]] = {"vision_feature_layer": vision_feature_layer_range}
 #: What some wrappers cannot lose, by name: (the wrapper config or config.json's dict, tower, capability, removed
 #: 1-based blocks of that tower) -> one line saying why, or None.
 WRAPPER_LIMITS: dict[str, Callable[[Any, str, str, Sequence[int]], str | None]] = {"deepstack": _deepstack}

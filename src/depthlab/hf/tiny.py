@@ -89,18 +89,9 @@ def tiny_wrapper(model_type: str, *, seed: int = 0, jitter: bool = True, text: d
     leaves at zero (Gemma 3's ``mm_input_projection_weight``) are drawn, else no image would reach the language
     model. ``text`` / ``vision`` / ``top``: overrides of each config."""
     import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText
 
-    from depthlab.hf.families import family_of
-    from depthlab.hf.wrappers import WRAPPERS
-
-    spec = WRAPPERS[model_type].tiny
-    tok = special_tokenizer([*spec["tokens"].values(), *spec.get("extra", [])], spec.get("named"))
-    ids = {name: tok.convert_tokens_to_ids(token) for name, token in spec["tokens"].items()}
-    text_type = WRAPPERS[model_type].text_type
-    config = AutoConfig.for_model(model_type, text_config={**TINY_BASE, **family_of(text_type).tiny, **(text or {})},
-                                  vision_config={**spec["vision"], **(vision or {})}, **{**spec.get("top", {}), **top},
-                                  **ids)
+    config, tok = tiny_wrapper_config(model_type, text=text, vision=vision, **top)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config).eval()
     with torch.no_grad():
@@ -110,6 +101,23 @@ def tiny_wrapper(model_type: str, *, seed: int = 0, jitter: bool = True, text: d
     if jitter:
         jitter_norms(model)
     return model, tok
+
+
+def tiny_wrapper_config(model_type: str, *, text: dict[str, Any] | None = None, vision: dict[str, Any] | None = None,
+                        **top: Any) -> tuple[Any, Any]:
+    """(the config of :func:`tiny_wrapper`'s model, its tokenizer), no model built."""
+    from transformers import AutoConfig
+
+    from depthlab.hf.wrappers import WRAPPERS
+
+    spec = WRAPPERS[model_type].tiny
+    tok = special_tokenizer([*spec["tokens"].values(), *spec.get("extra", [])], spec.get("named"))
+    ids = {name: tok.convert_tokens_to_ids(token) for name, token in spec["tokens"].items()}
+    text_type = WRAPPERS[model_type].text_type
+    config = AutoConfig.for_model(model_type, text_config={**TINY_BASE, **family_of(text_type).tiny, **(text or {})},
+                                  vision_config={**spec["vision"], **(vision or {})}, **{**spec.get("top", {}), **top},
+                                  **ids)
+    return config, tok
 
 
 def tiny_processor(model_type: str, tokenizer: Any) -> Any:

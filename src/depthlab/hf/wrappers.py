@@ -72,6 +72,8 @@ class Wrapper:
     vision_rules: tuple[str, ...] = ()  # names in WRAPPER_RULES: wrapper config fields cut with the vision blocks
     limits: tuple[str, ...] = ()  # names in WRAPPER_LIMITS: blocks the wrapper cannot lose
     refused: dict[str, str] = field(default_factory=dict)  # "vision" (the tower), "generate" -> why (one line)
+    image_token_oov: bool = False  # its forward takes an image token id beyond the text vocabulary (embeds it as
+    #                                padding, then scatters the image features there); others must hold it in vocab
     tiny: dict[str, Any] = field(default_factory=dict)  # its tiny test model (hf/tiny.py): vision / top overrides,
     #                                                     tokens (config field -> special token), named, extra tokens
 
@@ -85,6 +87,7 @@ def _vision(name: str, base: str, blocks: str = "encoder.layers", pre_norms: tup
 _QWEN = dict(marker="<|vision_start|><|image_pad|><|vision_end|>", expand="qwen")
 _WRAPPERS: tuple[Wrapper, ...] = (
     Wrapper("gemma3", "Gemma 3", "model.language_model", _vision("Gemma 3", "model.vision_tower"), "gemma3_text",
+            image_token_oov=True,
             tiny={"vision": {**_VIS, "image_size": 32, "patch_size": 8}, "top": {"mm_tokens_per_image": 4},
                   "tokens": {"image_token_index": "<image_soft_token>", "boi_token_index": "<start_of_image>",
                              "eoi_token_index": "<end_of_image>"},
@@ -151,6 +154,7 @@ _WRAPPERS: tuple[Wrapper, ...] = (
             tiny={"vision": {**_VIS, "image_size": 32, "patch_size": 8}, "tokens": {"image_token_id": "<image>"},
                   "extra": _IDEFICS, "image_processor": ("SmolVLMImageProcessorPil", _IDEFICS_IP)}),
     Wrapper("paligemma", "PaliGemma", "model.language_model", _vision("PaliGemma", "model.vision_tower"), "gemma",
+            image_token_oov=True,
             tiny={"vision": {**_VIS, "image_size": 32, "patch_size": 8, "projection_dim": 32},
                   "top": {"projection_dim": 32, "hidden_size": 32}, "tokens": {"image_token_index": "<image>"},
                   "image_processor": ("SiglipImageProcessorPil", {"size": {"height": 32, "width": 32},

@@ -223,7 +223,7 @@ def prune_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command:
                                       "removed_blocks": sel.removed, "method": sel.method,
                                       "healed_steps": opts.heal.steps, "healed": opts.heal.mode if opts.heal.active
                                       else None}, target.tokenizer, replace=replace)
-        pruned = open_streamed(str(tmp), target.device, target.source.dtype, target.source.compute_dtype)
+        pruned = _read_back(tmp, out, target)
         after_measure = StreamedMeasure(pruned, measure.text, settings)
         after = after_measure.survey("survey-pruned")
         ids = measure.text[0].ids[:2, :64]
@@ -296,6 +296,17 @@ def _report(target: StreamTarget, pruned: StreamTarget, opts: PruneOptions, sel:
         "latency": None, "run_dir": None,
         "engine": _engine(measure, after_measure),
     }
+
+
+def _read_back(tmp: Path, out: Path, target: StreamTarget) -> StreamTarget:
+    """The written checkpoint opened for streaming; one line naming ``out`` when it is not what its config.json says
+    (a config field placing layers that the cut did not rewrite): nothing is published."""
+    try:
+        return open_streamed(str(tmp), target.device, target.source.dtype, target.source.compute_dtype)
+    except DepthlabError as err:
+        why = str(err).replace(str(tmp), str(out))
+        raise DepthlabError(f"the pruned checkpoint does not read back as its own config.json describes ({why}); "
+                            "nothing written") from None
 
 
 def verify_streamed(original: StreamedMeasure, pruned: StreamedMeasure, ids: torch.Tensor, removed: list[int],
