@@ -80,7 +80,8 @@ def _exit_2(argv, capsys, *needles):
 
 @pytest.mark.parametrize("kind, extra, needles", [
     ("llama", ["--remove", "1"], ("needs an MoE model", "'llama'", "qwen2_moe")),
-    ("qwen2_moe", ["--remove", "4"], ("--remove 4", "4 routed experts", "at most 2")),
+    ("qwen2_moe", ["--remove", "4"], ("--remove 4", "4 routed experts", "at most 2")),  # all of them
+    ("qwen2_moe", ["--remove", "9"], ("--remove 9", "4 routed experts", "at most 2")),  # more than exist
     ("qwen2_moe", ["--fraction", "1"], ("--fraction 1", "every routed expert")),
     ("qwen2_moe", ["--experts", "1:shared"], ("1:shared", "shared expert is never removed")),
     ("qwen2_moe", ["--experts", "1:4"], ("--experts 1:4", "experts 0..3")),
