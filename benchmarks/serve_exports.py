@@ -90,6 +90,7 @@ def quality(path: str, tokens: int, mc_limit: int, out: str) -> None:
 def prune_jobs(args: argparse.Namespace, work: Path, source: str, jobs: dict[str, list[str]]) -> dict[str, Path]:
     """``depthlab prune SOURCE`` for each job (skipped when its export is already there): name -> directory."""
     out = {}
+    work.mkdir(parents=True, exist_ok=True)
     for name, extra in jobs.items():
         dest = work / name
         if not (dest / "prune.json").is_file():
