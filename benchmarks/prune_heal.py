@@ -3,6 +3,7 @@
     python benchmarks/prune_heal.py --toy                      # the 8B-shaped run's steps on tiny shapes (~30 s)
     python benchmarks/prune_heal.py                            # the Llama-3-8B-shaped checkpoint (~16 GB, streamed)
     python benchmarks/prune_heal.py --smollm2                  # SmolLM2-135M, in memory
+    python benchmarks/prune_heal.py --heal linear --calib-tokens 1024   # the 8B shape, --heal linear streamed
     python benchmarks/prune_heal.py --smollm2 --src /work/main/src --result ...   # the same with another checkout
 
 8B (and toy) mode: the checkpoint of ``benchmarks/streamed_8b.py`` (written there once, reused), then, in a child
@@ -92,8 +93,7 @@ def run_big(mode: str, args: argparse.Namespace) -> dict:
         subprocess.run(["rm", "-rf", str(out / sub)], check=True)
     T = str(args.tokens)
     argv = s8.depthlab("prune", str(cache), "--remove", str(shapes["remove"]), "--method", "angular-block", "--stream",
-                       "--weights", "bf16", "--tokens", T, "--seq-len", T, "--batch-size", "1", "--heal", "lora",
-                       "--heal-steps", str(args.heal_steps), "--heal-batch-size", str(args.heal_batch_size),
+                       "--weights", "bf16", "--tokens", T, "--seq-len", T, "--batch-size", "1", *heal_flags(args),
                        "--out", str(out / "pruned"))
     child = run_sampled(argv, out / "prune_heal.log", Path(args.src))
     report = json.loads((out / "pruned" / "prune.json").read_text()) if child["exit"] == 0 else {}
@@ -102,6 +102,13 @@ def run_big(mode: str, args: argparse.Namespace) -> dict:
             "prune_heal": child, **_summary(report),
             "goals": {"peak_rss_le_22GB": child["peak_rss_bytes"] <= 22 * GB, "checkpoint_bf16_bytes": bf16_bytes,
                       "peak_rss_over_checkpoint_bytes": round(child["peak_rss_bytes"] / bf16_bytes, 3)}}
+
+
+def heal_flags(args: argparse.Namespace) -> list[str]:
+    """The heal of the 8B (toy) prune: LoRA steps, or the least-squares map fitted on ``--calib-tokens`` tokens."""
+    if args.heal == "linear":
+        return ["--heal", "linear", "--heal-calib-tokens", str(args.calib_tokens)]
+    return ["--heal", "lora", "--heal-steps", str(args.heal_steps), "--heal-batch-size", str(args.heal_batch_size)]
 
 
 def run_smollm2(args: argparse.Namespace) -> dict:
@@ -150,6 +157,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256, help="held-out tokens (8B: also the sequence length)")
     ap.add_argument("--heal-steps", type=int, default=20)
     ap.add_argument("--heal-batch-size", type=int, default=1)
+    ap.add_argument("--heal", choices=("lora", "linear"), default="lora", help="8B/toy: the heal (linear: no training)")
+    ap.add_argument("--calib-tokens", type=int, default=1024, help="--heal linear's calibration tokens (8B/toy)")
     ap.add_argument("--src", default=str(ROOT / "src"), help="the depthlab source the child runs (another checkout: "
                                                               "the before/after comparison)")
     ap.add_argument("--extra", nargs="*", default=[], help="more prune flags (smollm2 mode)")
@@ -168,7 +177,8 @@ def main() -> None:
     record = {"command": "python " + shlex.join(["benchmarks/prune_heal.py", *sys.argv[1:]]), **s8.machine(),
               "lscpu": lscpu(), "shared": args.shared_note, **result}
     record["machine"]["load_average"], record["machine"]["load_average_after"] = load_before, list(os.getloadavg())
-    path = result_path(f"prune_heal_{mode}_cpu.json", args.result)
+    suffix = "_linear" if args.heal == "linear" and mode != "smollm2" else ""
+    path = result_path(f"prune_heal_{mode}{suffix}_cpu.json", args.result)
     write_json_atomic(path, record)
     brief = {k: record.get(k) for k in ("loss", "goals", "seconds")}
     print(json.dumps({**brief, "peak_rss_bytes": record["prune_heal"]["peak_rss_bytes"],

@@ -82,6 +82,25 @@ def run(args: argparse.Namespace) -> dict:
                 "wall_ratio": runs["linear"]["child"]["wall_s"] / runs["lora"]["child"]["wall_s"]}}
 
 
+def one_heal(args: argparse.Namespace) -> dict:
+    """One more heal child on ``--blocks``, without the generative check: ``--heal linear`` with
+    ``--heal-calib-tokens`` N (``--linear-only N``), or ``--heal lora`` (``--lora-only``, ``--lora-steps``): the two
+    heals' seconds measured back to back under the same load."""
+    if args.linear_only:
+        name, heal = f"linear-{args.linear_only}", ["--heal", "linear", "--heal-calib-tokens", str(args.linear_only)]
+    else:
+        name, heal = f"lora-{args.lora_steps}", ["--heal", "lora", "--heal-steps", str(args.lora_steps),
+                                                 "--heal-batch-size", str(args.heal_batch_size)]
+    out = Path(args.out or Path.home() / ".cache" / "depthlab" / "bench" / f"smollm2-heal-{name}")
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+    out.mkdir(parents=True)
+    common = ["--tokens", str(args.tokens), "--weights", "fp32", "--no-progress"]
+    run = prune(name, out, common, ["--blocks", args.blocks, *heal], Path(args.src))
+    loss = run["loss"]
+    return {"blocks": run["removed_blocks"], "calibration_tokens": args.linear_only, "run": run,
+            "gap_recovered": (loss["pruned"] - loss["healed"]) / (loss["pruned"] - loss["original"])}
+
+
 def main() -> None:
     from depthlab.base.fileio import write_json_atomic
 
@@ -94,18 +113,29 @@ def main() -> None:
     ap.add_argument("--mc-limit", type=int, default=200, help="builtin-mc items")
     ap.add_argument("--src", default=str(ROOT / "src"), help="the depthlab source the children run")
     ap.add_argument("--shared-note", default="the 2-core machine was shared with other agents' jobs during the run")
+    ap.add_argument("--linear-only", type=int, metavar="N", help="only one --heal linear run with N calibration tokens "
+                                                                   "on --blocks (result: ..._calib<N>_...json)")
+    ap.add_argument("--lora-only", action="store_true", help="only one --heal lora run (--lora-steps) on --blocks")
+    ap.add_argument("--blocks", default="12,13,14,15,16,17,18,19", help="--linear-only/--lora-only: the blocks removed")
     ap.add_argument("--out")
     ap.add_argument("--result")
     args = ap.parse_args()
     load_before = list(os.getloadavg())
-    result = run(args)
+    one = args.linear_only or args.lora_only
+    result = one_heal(args) if one else run(args)
     record = {"command": "python " + shlex.join(["benchmarks/prune_heal_linear.py", *sys.argv[1:]]), **s8.machine(),
               "lscpu": lscpu(), "shared": args.shared_note, **result}
     record["machine"]["load_average"], record["machine"]["load_average_after"] = load_before, list(os.getloadavg())
-    path = result_path("prune_heal_linear_smollm2_cpu.json", args.result)
+    name = (f"prune_heal_linear_calib{args.linear_only}_smollm2_cpu.json" if args.linear_only else
+            f"prune_heal_lora{args.lora_steps}_smollm2_cpu.json" if args.lora_only else "prune_heal_linear_smollm2_cpu.json")
+    path = result_path(name, args.result)
     write_json_atomic(path, record)
-    print(json.dumps({"gap_recovered": result["gap_recovered"], "linear_over_lora": result["linear_over_lora"],
-                      "loss": {n: r["loss"] for n, r in result["runs"].items()}}, indent=1))
+    if one:
+        print(json.dumps({"gap_recovered": result["gap_recovered"], "loss": result["run"]["loss"],
+                          "heal_seconds": result["run"]["heal"]["seconds"]}, indent=1))
+    else:
+        print(json.dumps({"gap_recovered": result["gap_recovered"], "linear_over_lora": result["linear_over_lora"],
+                          "loss": {n: r["loss"] for n, r in result["runs"].items()}}, indent=1))
     print(f"wrote {path}")
 
 

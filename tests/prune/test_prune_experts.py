@@ -29,7 +29,8 @@ def _one_thread(one_thread):
                                             pytest.param("qwen3_moe", 3, marks=SLOW),
                                             pytest.param("olmoe", 3, marks=SLOW),
                                             pytest.param("llama4_text", 3, marks=SLOW),
-                                            pytest.param("qwen3_next", 4, marks=SLOW)])
+                                            pytest.param("qwen3_next", 4, marks=SLOW),
+                                            pytest.param("qwen3_5_moe_text", 4, marks=SLOW)])
 def test_streamed_expert_prune_equals_in_memory_and_reloads_in_transformers(tmp_path, kind, n_layers):
     from transformers import AutoModelForCausalLM
 
@@ -80,7 +81,8 @@ def _exit_2(argv, capsys, *needles):
 
 @pytest.mark.parametrize("kind, extra, needles", [
     ("llama", ["--remove", "1"], ("needs an MoE model", "'llama'", "qwen2_moe")),
-    ("qwen2_moe", ["--remove", "4"], ("--remove 4", "4 routed experts", "at most 2")),
+    ("qwen2_moe", ["--remove", "4"], ("--remove 4", "4 routed experts", "at most 2")),  # all of them
+    ("qwen2_moe", ["--remove", "9"], ("--remove 9", "4 routed experts", "at most 2")),  # more than exist
     ("qwen2_moe", ["--fraction", "1"], ("--fraction 1", "every routed expert")),
     ("qwen2_moe", ["--experts", "1:shared"], ("1:shared", "shared expert is never removed")),
     ("qwen2_moe", ["--experts", "1:4"], ("--experts 1:4", "experts 0..3")),
@@ -94,3 +96,29 @@ def test_expert_prune_refuses_bad_input_before_any_work(tmp_path, capsys, kind, 
     capsys.readouterr()  # what writing the fixture printed (transformers' shard bar)
     _exit_2(["prune", str(path), "--unit", "expert", *extra, stream, "--out", str(out), *FAST], capsys, *needles)
     assert not out.exists()
+
+
+def test_wrapper_language_tower_experts_prune_reloads_in_image_text_to_text(tmp_path, capsys):
+    """Qwen3.5-MoE's image-text wrapper: REAP removes one routed expert of every language block in memory; plain
+    AutoModelForImageTextToText loads the whole wrapper with the count cut and gives, on a text and an image-text
+    prompt, the original's logits with those experts masked, and generates (cached = uncached). The streamed engine
+    and the vision tower are refused in one line, exit 2, nothing written."""
+    from transformers import AutoModelForImageTextToText
+
+    from depthlab.hf.tiny import save_tiny_wrapper
+    from depthlab.targets.layers import find_layers
+
+    path = save_tiny_wrapper("qwen3_5_moe", tmp_path / "vlm")
+    rep = prune_target(str(path), PruneOptions(**OPTS, remove=1, stream=False), tmp_path / "out")
+    exp = rep["export"]
+    assert exp["loaded_with"] == "transformers (AutoModelForImageTextToText)" and exp["max_abs_logit_diff"] < 1e-5
+    assert exp["max_abs_logit_diff_vs_removed_in_original"] < 1e-5 and exp["generate_cache_matches_no_cache"]
+    assert sorted(rep["removed_experts"]) == ["1", "2", "3", "4"] and rep["experts"] == {**rep["experts"], "pruned": 3}
+    loaded = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "out"))
+    assert loaded.config.get_text_config().num_experts == 3
+    assert all(layer.mlp.gate.weight.shape[0] == 3 for layer in find_layers(loaded, "language"))
+    capsys.readouterr()
+    for extra, needle in ((["--stream"], "in memory only"), (["--tower", "vision", "--no-stream"], "--tower vision")):
+        _exit_2(["prune", str(path), "--unit", "expert", "--remove", "1", *extra, "--out", str(tmp_path / "bad"), *FAST],
+                capsys, needle)
+        assert not (tmp_path / "bad").exists()

@@ -100,6 +100,7 @@ def _said(report: dict, target, out) -> None:
     diff = exp["max_abs_logit_diff"]  # None: not finite (json_safe)
     print(f"export check: max |Δ logit| = {'not finite' if diff is None else format(diff, '.3e')} (reloaded vs {versus}), "
           f"generate with KV cache {generate}")
-    print(f"wrote {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) loads it; report: {out / 'report.html'}")
+    auto = "AutoModelForImageTextToText" if "ImageTextToText" in str(exp.get("loaded_with", "")) else "AutoModelForCausalLM"
+    print(f"wrote {out}: {auto}.from_pretrained({str(out)!r}) loads it; report: {out / 'report.html'}")
     if report.get("run_dir"):
         print(f"depthlab run directory: {report['run_dir']} (depthlab diagnose / depthlab train --init-from accept it)")

@@ -154,6 +154,7 @@ _FAMILIES: tuple[Family, ...] = (
            convert=Conversion(qk_norm=True, export={"attention_bias": False, "use_sliding_window": False})),
     Family("qwen3_5_text", "Qwen3.5 (text)", "hybrid", norm_offset=1.0, tiny=_LINEAR),
     Family("qwen3_5_moe_text", "Qwen3.5-MoE (text)", "hybrid", norm_offset=1.0,
+           experts=Experts("num_experts", shared=_QWEN_SHARED),
            tiny={**_MOE4, **_LINEAR, "shared_expert_intermediate_size": 32}),
     Family("qwen2_5_vl_text", "Qwen2.5-VL (text)", index_rules=_QWEN_WINDOW, wrapped="qwen2_5_vl",
            tiny={"rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0}}),

@@ -14,6 +14,7 @@ on a text prompt and on an image-text prompt: read back by depthlab, and loaded 
 ``AutoModelForImageTextToText`` (streamed: when it fits), which generates from both (cached = uncached; Llama 4's
 generate raises in transformers 5.24: not tried, the reason recorded). Healing, ``--generate``, ``--unit attn|mlp``
 and the latency measurement are not done for wrappers: refused in one line from config.json, before any work.
+``--unit expert`` removes routed experts of an MoE language tower, in memory (:mod:`depthlab.prune.wrapper_experts`).
 """
 
 from __future__ import annotations
@@ -56,11 +57,16 @@ def refuse(opts: PruneOptions, config: Any, n_layers: int | None = None) -> None
     tower = opts.tower
     for asked, what in ((opts.heal.steps > 0, "--heal-steps (healing trains a text model)"),
                         (opts.generate is not None, "--generate (a text task scored by generation)"),
-                        (opts.unit != "block", f"--unit {opts.unit} (sublayers)")):
+                        (opts.unit not in ("block", "expert"), f"--unit {opts.unit} (sublayers)")):
         if asked:
             raise DepthlabError(f"{what} is not done for an image-text-to-text wrapper; prune its blocks with "
                                 "--tower language|vision")
     tower_family(config, tower, "prune")
+    if opts.unit == "expert":  # the language tower's routed experts (depthlab.prune.wrapper_experts)
+        if tower != "language":
+            raise DepthlabError(f"--unit expert removes routed experts of the language tower; --tower {tower} has "
+                                "none (use --tower language)")
+        return
     if n_layers is not None:
         opts.validate(n_layers)
     if opts.blocks:
@@ -92,6 +98,10 @@ def check_model(request: Request, target: Any) -> None:
         raise DepthlabError(f"the target was opened for its {target.tower} tower, and --tower {request.opts.tower} "
                             "was asked; open it with the same tower")
     refuse(request.opts, wrapper_config(target), target.info["n_layers"])
+    if request.opts.unit == "expert":
+        from depthlab.prune.wrapper_experts import check
+
+        check(target, request.opts)
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -241,6 +251,10 @@ def prune_wrapper(target: Any, opts: PruneOptions, out: Path, command: str | Non
     from depthlab.base.fileio import publish_dir
     from depthlab.prune.prune_report import write_report
 
+    if opts.unit == "expert":
+        from depthlab.prune.wrapper_experts import prune_wrapper_experts
+
+        return prune_wrapper_experts(target, opts, out, command)
     t0 = time.time()
     measure = tower_measure(target, opts, settings)
     before = measure.survey()
