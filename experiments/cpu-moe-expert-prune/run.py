@@ -82,7 +82,8 @@ def train(args: argparse.Namespace) -> dict:
     warm, curve, t0, step = 100, [], time.time(), 0
     budget = args.minutes * 60
     while step < args.steps and time.time() - t0 < budget:
-        frac = min(1.0, (time.time() - t0) / budget, step / args.steps)  # cosine over the time budget
+        # cosine over whichever budget runs out first (time or steps), so the rate has decayed when training stops
+        frac = min(1.0, max((time.time() - t0) / budget, step / args.steps))
         lr = args.lr * min(1.0, (step + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
