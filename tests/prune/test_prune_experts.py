@@ -98,27 +98,38 @@ def test_expert_prune_refuses_bad_input_before_any_work(tmp_path, capsys, kind, 
     assert not out.exists()
 
 
-def test_wrapper_language_tower_experts_prune_reloads_in_image_text_to_text(tmp_path, capsys):
-    """Qwen3.5-MoE's image-text wrapper: REAP removes one routed expert of every language block in memory; plain
-    AutoModelForImageTextToText loads the whole wrapper with the count cut and gives, on a text and an image-text
-    prompt, the original's logits with those experts masked, and generates (cached = uncached). The streamed engine
-    and the vision tower are refused in one line, exit 2, nothing written."""
+def _tensors(out):
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+def test_wrapper_language_tower_experts_prune_both_engines_reloads_in_image_text_to_text(tmp_path, capsys):
+    """Qwen3.5-MoE's image-text wrapper: REAP removes one routed expert of every language block, in memory and
+    streamed alike (the same experts, the same tensors); plain AutoModelForImageTextToText loads the whole wrapper
+    with the count cut and gives, on a text and an image-text prompt, the original's logits with those experts
+    masked, and generates (cached = uncached). The vision tower is refused in one line, exit 2, nothing written."""
     from transformers import AutoModelForImageTextToText
 
     from depthlab.hf.tiny import save_tiny_wrapper
     from depthlab.targets.layers import find_layers
 
     path = save_tiny_wrapper("qwen3_5_moe", tmp_path / "vlm")
-    rep = prune_target(str(path), PruneOptions(**OPTS, remove=1, stream=False), tmp_path / "out")
-    exp = rep["export"]
-    assert exp["loaded_with"] == "transformers (AutoModelForImageTextToText)" and exp["max_abs_logit_diff"] < 1e-5
-    assert exp["max_abs_logit_diff_vs_removed_in_original"] < 1e-5 and exp["generate_cache_matches_no_cache"]
+    reps = {s: prune_target(str(path), PruneOptions(**OPTS, remove=1, stream=s), tmp_path / str(s)) for s in (False, True)}
+    rep = reps[False]
+    assert reps[True]["removed_experts"] == rep["removed_experts"]
     assert sorted(rep["removed_experts"]) == ["1", "2", "3", "4"] and rep["experts"] == {**rep["experts"], "pruned": 3}
-    loaded = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "out"))
+    assert reps[True]["loss"]["pruned"] == pytest.approx(rep["loss"]["pruned"], abs=1e-5)
+    memory, streamed = _tensors(tmp_path / "False"), _tensors(tmp_path / "True")
+    assert memory.keys() == streamed.keys() and all(torch.equal(memory[k], streamed[k]) for k in memory)
+    for exp in (r["export"] for r in reps.values()):
+        assert exp["loaded_with"] == "transformers (AutoModelForImageTextToText)" and exp["max_abs_logit_diff"] < 1e-5
+        assert exp["max_abs_logit_diff_vs_removed_in_original"] < 1e-5 and exp["generate_cache_matches_no_cache"]
+        assert [len(v) for v in exp["generated_tokens"].values()] == [4, 4]  # text, image + text
+    loaded = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "True"))
     assert loaded.config.get_text_config().num_experts == 3
     assert all(layer.mlp.gate.weight.shape[0] == 3 for layer in find_layers(loaded, "language"))
     capsys.readouterr()
-    for extra, needle in ((["--stream"], "in memory only"), (["--tower", "vision", "--no-stream"], "--tower vision")):
-        _exit_2(["prune", str(path), "--unit", "expert", "--remove", "1", *extra, "--out", str(tmp_path / "bad"), *FAST],
-                capsys, needle)
-        assert not (tmp_path / "bad").exists()
+    _exit_2(["prune", str(path), "--unit", "expert", "--remove", "1", "--tower", "vision", "--out",
+             str(tmp_path / "bad"), *FAST], capsys, "--tower vision")
+    assert not (tmp_path / "bad").exists()

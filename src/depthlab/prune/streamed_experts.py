@@ -85,7 +85,7 @@ class StreamedExperts:
     def __init__(self, target: StreamTarget, text: list[SweepBatch], settings: SweepSettings) -> None:
         self.target, self.text = target, text
         self.sweeper = Sweeper(target, settings)
-        self.moe = moe_of(target.source.layers, target.source.skeleton.config)
+        self.moe = moe_of(target.source.layers, target.source.skeleton.config.get_text_config())  # wrapper: language
 
     def survey(self) -> tuple[float, dict[str, Any]]:
         consumer = _SurveyConsumer(ExpertAccumulator(self.moe))
@@ -116,9 +116,9 @@ def write_experts(target: StreamTarget, moe: dict, removal: Removal, out: Path, 
     shapes = {k: info.shape for k, info in src.store.index.items()}
     plan = key_plan(src.keys_of, moe, removal, shapes)
     kept = moe[min(moe)].n - len(next(iter(removal.values())))
-    spec = experts_spec(src.skeleton.config)
+    spec = experts_spec(src.skeleton.config.get_text_config())
     return write_pruned_shards(target.path, [], out, provenance, target.tokenizer, rekey=plan,
-                               edit_config=lambda config: cut_count(config, spec, kept))
+                               edit_config=lambda config: cut_count(config.get_text_config(), spec, kept))
 
 
 @logs_to_stderr

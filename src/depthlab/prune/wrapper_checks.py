@@ -5,6 +5,7 @@ from both; each tower's parameters and FLOPs before and after."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from depthlab.analysis.diagnostics.capture import ResidualCapture
 from depthlab.hf.wrappers import text_forward, tower_family, wrapper_of
 from depthlab.prune.options import PruneOptions
 from depthlab.targets.layers import find_layers
+
+log = logging.getLogger(__name__)
 
 #: The text prompt every wrapper export is checked on (besides an image-text item).
 TEXT_PROBE = "A picture of a small red square next to a blue circle. The capital of France is"
@@ -71,8 +74,10 @@ def in_memory_logits(target: Any, tower: str, removed: list[int], ids: torch.Ten
 
 
 def streamed_logits(target: Any, sweeper: Any, tower: str, removed: list[int], ids: torch.Tensor,
-                    inputs: dict[str, torch.Tensor] | None, name: str) -> list[torch.Tensor]:
-    """:func:`in_memory_logits` by sweeps of a streamed wrapper."""
+                    inputs: dict[str, torch.Tensor] | None, name: str,
+                    experts: frozenset[tuple[int, int]] = frozenset()) -> list[torch.Tensor]:
+    """:func:`in_memory_logits` by sweeps of a streamed wrapper; ``experts``: (1-based block, expert) of the language
+    tower removed too (``Lane.experts``)."""
     from depthlab.prune.streamed import LogitsConsumer
     from depthlab.targets.stream.lanes import Lane
     from depthlab.targets.stream.sweep import SweepBatch
@@ -87,9 +92,26 @@ def streamed_logits(target: Any, sweeper: Any, tower: str, removed: list[int], i
     out = []
     for i, batch in enumerate(batches):
         consumer = LogitsConsumer()
-        sweeper.sweep(f"{name}-{i}", [batch], [Lane("probe", language)], False, consumer, show=False)
+        sweeper.sweep(f"{name}-{i}", [batch], [Lane("probe", language, experts=experts)], False, consumer, show=False)
         out.append(consumer.out[0])
     return out
+
+
+def transformers_check_if_fits(check: dict[str, Any], out: Path, ids: torch.Tensor,
+                               inputs: dict[str, torch.Tensor] | None, refs: list[torch.Tensor], target: Any,
+                               tower: str) -> dict[str, Any]:
+    """``check`` (a streamed export read back layer by layer) updated by :func:`transformers_check` when the
+    written wrapper in ``out`` fits in memory; else it stands, and the log says why."""
+    from depthlab.targets.engine import MEMORY_FRACTION, available_memory
+    from depthlab.targets.stream.open import locate, stored_bytes
+
+    free = available_memory(target.device)
+    if free is not None and stored_bytes(locate(str(out), tower), target.source.compute_dtype) <= MEMORY_FRACTION * free:
+        check.update(transformers_check(out, ids, inputs, refs, target.source.compute_dtype, target.device, tower))
+    else:
+        log.info("the pruned wrapper would not fit in memory: its export is checked layer by layer, without "
+                 "transformers' generate")
+    return check
 
 
 @torch.no_grad()

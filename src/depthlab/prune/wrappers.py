@@ -14,7 +14,8 @@ on a text prompt and on an image-text prompt: read back by depthlab, and loaded 
 ``AutoModelForImageTextToText`` (streamed: when it fits), which generates from both (cached = uncached; Llama 4's
 generate raises in transformers 5.24: not tried, the reason recorded). Healing, ``--generate``, ``--unit attn|mlp``
 and the latency measurement are not done for wrappers: refused in one line from config.json, before any work.
-``--unit expert`` removes routed experts of an MoE language tower, in memory (:mod:`depthlab.prune.wrapper_experts`).
+``--unit expert`` removes routed experts of an MoE language tower, on either engine
+(:mod:`depthlab.prune.wrapper_experts`).
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ from depthlab.prune.wrapper_checks import (
     stored_cost,
     streamed_logits,
     transformers_check,
+    transformers_check_if_fits,
     wrapper_config,
 )
-from depthlab.targets.engine import MEMORY_FRACTION, available_memory, engine_of, engine_record
+from depthlab.targets.engine import engine_of, engine_record
 from depthlab.targets.frame import Request
 from depthlab.targets.layers import find_layers
 
@@ -254,7 +256,7 @@ def prune_wrapper(target: Any, opts: PruneOptions, out: Path, command: str | Non
     if opts.unit == "expert":
         from depthlab.prune.wrapper_experts import prune_wrapper_experts
 
-        return prune_wrapper_experts(target, opts, out, command)
+        return prune_wrapper_experts(target, opts, out, command, settings)
     t0 = time.time()
     measure = tower_measure(target, opts, settings)
     before = measure.survey()
@@ -320,7 +322,7 @@ def _cut_streamed(target: Any, opts: PruneOptions, sel: Any, ids: torch.Tensor, 
     """The checkpoint cut shard by shard (the processor files copied), read back layer by layer against the
     original with the blocks skipped, and loaded with plain transformers when it fits."""
     from depthlab.prune.shards import write_pruned_shards
-    from depthlab.targets.stream.open import locate, open_streamed, stored_bytes
+    from depthlab.targets.stream.open import locate, open_streamed
 
     tower, src = opts.tower, target.source
     written = write_pruned_shards(target.path, sel.removed, tmp, _provenance(target, opts, sel), tower=tower)
@@ -335,12 +337,7 @@ def _cut_streamed(target: Any, opts: PruneOptions, sel: Any, ids: torch.Tensor, 
                              "loaded_with": "depthlab, layer by layer", "n_layers_loaded": pruned.info["n_layers"],
                              "architecture": pruned.info["architecture"], "generated_tokens": None,
                              "generate_cache_matches_no_cache": None, "written": written}
-    free = available_memory(target.device)
-    if free is not None and stored_bytes(found, src.compute_dtype) <= MEMORY_FRACTION * free:
-        check.update(transformers_check(tmp, ids, inputs, refs, src.compute_dtype, target.device, tower))
-    else:
-        log.info("the pruned wrapper would not fit in memory: its export is checked layer by layer, without "
-                 "transformers' generate")
+    check = transformers_check_if_fits(check, tmp, ids, inputs, refs, target, tower)
     return check, after_measure.survey("survey-pruned"), \
         {"original": stored_cost(target, tower), "pruned": stored_cost(pruned, tower)}
 

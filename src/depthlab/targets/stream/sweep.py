@@ -343,7 +343,7 @@ class Sweeper:
             return contextlib.nullcontext()
         from depthlab.hf.experts import experts_removed, experts_spec, moe_layers
 
-        config = self.source.skeleton.config
+        config = self.source.skeleton.config.get_text_config()  # a wrapper's: its language tower's
         moe = moe_layers([layer], experts_spec(config), config)
         if not moe:
             raise DepthlabError(f"block {j} has no routed experts; a lane cannot remove experts {gone} from it")
