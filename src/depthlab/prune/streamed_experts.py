@@ -150,7 +150,7 @@ def prune_experts_streamed(target: StreamTarget, opts: PruneOptions, out: Path, 
         report.update(export={**check, "dir": str(out), "written": written}, latency=None, heal=None,
                       cost={"original": streamed_cost(target, batches.seq_len),
                             "pruned": streamed_cost(pruned.target, batches.seq_len)},
-                      engine=_engine(measure, pruned), seconds=round(time.time() - t0, 2))
+                      engine=experts_engine(measure, pruned), seconds=round(time.time() - t0, 2))
         write_experts_report(report, tmp)
     return report
 
@@ -169,5 +169,6 @@ def verify_experts_streamed(original: StreamedExperts, pruned: StreamedExperts, 
     return with_transformers_check(check, out, ids, ref, target)
 
 
-def _engine(measure: StreamedExperts, pruned: StreamedExperts) -> dict[str, Any]:
+def experts_engine(measure: StreamedExperts, pruned: StreamedExperts) -> dict[str, Any]:
+    """``report["engine"]`` of a streamed expert prune (a text MoE's or a wrapper's language tower's)."""
     return sweep_engine(measure, pruned, "healing and generation latency (they need the model in memory)")

@@ -117,7 +117,7 @@ def prune_wrapper_experts_streamed(target: Any, opts: PruneOptions, out: Path, c
     from depthlab.prune.experts import choose_experts
     from depthlab.prune.experts_report import experts_report, write_experts_report
     from depthlab.prune.pipeline import held_out_batches
-    from depthlab.prune.streamed_experts import StreamedExperts, _engine, expert_lane, write_experts
+    from depthlab.prune.streamed_experts import StreamedExperts, expert_lane, experts_engine, write_experts
     from depthlab.prune.wrapper_checks import probes, stored_cost, streamed_logits, transformers_check_if_fits
     from depthlab.targets.stream.open import locate, open_streamed
     from depthlab.targets.stream.sweep import SweepBatch
@@ -151,6 +151,6 @@ def prune_wrapper_experts_streamed(target: Any, opts: PruneOptions, out: Path, c
         report = experts_report(target, opts, removal, details, scores, losses, {}, batches, command, measure.moe, kept)
         report.update(tower="language", heal=None, latency=None, export={**check, "dir": str(out)},
                       cost={"original": stored_cost(target, "language"), "pruned": stored_cost(opened, "language")},
-                      engine=_engine(measure, pruned), seconds=round(time.time() - t0, 2))
+                      engine=experts_engine(measure, pruned), seconds=round(time.time() - t0, 2))
         write_experts_report(report, tmp)
     return report
