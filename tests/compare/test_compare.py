@@ -200,6 +200,21 @@ def test_a_setting_added_since_at_its_automatic_default_does_not_block_resume():
         "train.compile: '<absent>' -> True"]
 
 
+def test_a_compare_saved_before_a_setting_existed_resumes_when_the_setting_is_at_its_default():
+    """A compare saved before diagnose gained ``tower`` / ``images`` (defaults 'language', 64) resumes; the same
+    setting given another value than its default is a change, named."""
+    cfg = small_config()
+    now = json.loads(json.dumps(cfg.to_dict()))
+    saved = json.loads(json.dumps(now))
+    for key in ("tower", "images"):
+        saved["diagnose"].pop(key)
+    defaults = C.field_defaults(cfg)
+    assert (defaults["diagnose"]["tower"], defaults["diagnose"]["images"]) == ("language", 64)
+    assert C._changed_settings(saved, now, defaults) == []
+    now["diagnose"]["images"] = 8
+    assert C._changed_settings(saved, now, defaults) == ["diagnose.images: '<absent>' -> 8"]
+
+
 def test_aggregate_reports_mean_and_spread_over_seeds():
     rows = [{"scheme": s, "seed": k, "eval_loss": l, "eval_ppl": p, "last_layer_variance": 1.0, "deep_angular": 0.1,
              "tokens": 10, "wall_s": 1.0}

@@ -18,6 +18,7 @@ picks up where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -158,16 +159,35 @@ def aggregate(rows: list[dict[str, Any]], schemes: list[str]) -> list[dict[str, 
     return table
 
 
-def _changed_settings(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+def field_defaults(obj: Any) -> dict[str, Any]:
+    """The default of every field of a dataclass instance, nested dataclasses as dicts of theirs (JSON-normalised
+    like compare.json): what a setting added since a compare was saved means when that compare did not record it."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out[f.name] = field_defaults(value)
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return json.loads(json.dumps(out, default=str))
+
+
+def _changed_settings(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str, Any] | None = None,
+                      prefix: str = "") -> list[str]:
     """``key: saved -> now`` for every setting that differs (dotted into sections), so the refusal to
-    resume names what to change back."""
+    resume names what to change back. A setting the saved compare lacks is no change when it is now at its default
+    (``defaults``) or None: the saved compare predates it and ran as that default."""
+    defaults = defaults or {}
     changed = []
     for key in sorted(set(saved) | set(now)):
-        if key not in saved and now[key] is None:
-            continue  # a setting added since, at its automatic default: the saved compare predates it
+        if key not in saved and (now[key] is None or (key in defaults and now[key] == defaults[key])):
+            continue
         old, new = saved.get(key, "<absent>"), now.get(key, "<absent>")
         if isinstance(old, dict) and isinstance(new, dict):
-            changed += _changed_settings(old, new, f"{prefix}{key}.")
+            sub = defaults.get(key) if isinstance(defaults.get(key), dict) else None
+            changed += _changed_settings(old, new, sub, f"{prefix}{key}.")
         elif old != new:
             changed.append(f"{prefix}{key}: {old!r} -> {new!r}")
     return changed
@@ -190,7 +210,7 @@ def check_compare_dir(cfg: CompareConfig, out: str | Path) -> None:
             raise DepthlabError(f"{str(out)!r} holds {held}; give another --out or the same kind of compare to resume it")
         for key in RUN_SET:  # each run is the shared settings + its scheme + its seed: the set may grow or shrink
             saved.pop(key, None), now.pop(key, None)
-        changed = _changed_settings(saved, now)
+        changed = _changed_settings(saved, now, field_defaults(cfg))
         if changed:
             raise DepthlabError(f"{str(out)!r} holds a compare with other settings ({', '.join(changed)}); "
                                 f"give another --out or the same settings to resume it")
