@@ -121,6 +121,20 @@ def write_experts(target: StreamTarget, moe: dict, removal: Removal, out: Path, 
                                edit_config=lambda config: cut_count(config.get_text_config(), spec, kept))
 
 
+def choose_streamed(target: StreamTarget, opts: PruneOptions, settings: SweepSettings) -> tuple:
+    """The held-out batches, the streamed measure and the experts it chooses (one sweep): ``(batches, text batches,
+    measure, (base loss, scores, removal, details), experts kept per block)``; shared by text MoEs and the MoE
+    language tower of an image-text wrapper."""
+    batches = held_out_batches(target, opts)
+    text = [SweepBatch(x, y) for x, y in batches]
+    if not text:
+        raise DepthlabError("the held-out data gave no tokens to evaluate")
+    measure = StreamedExperts(target, text, settings)
+    chosen = choose_experts(measure, opts)
+    kept = measure.moe[min(measure.moe)].n - len(next(iter(chosen[2].values())))
+    return batches, text, measure, chosen, kept
+
+
 @logs_to_stderr
 def prune_experts_streamed(target: StreamTarget, opts: PruneOptions, out: Path, command: str | None,
                            settings: SweepSettings) -> dict[str, Any]:
@@ -131,13 +145,7 @@ def prune_experts_streamed(target: StreamTarget, opts: PruneOptions, out: Path, 
     from depthlab.prune.experts_report import experts_report, write_experts_report
 
     t0 = time.time()
-    batches = held_out_batches(target, opts)
-    text = [SweepBatch(x, y) for x, y in batches]
-    if not text:
-        raise DepthlabError("the held-out data gave no tokens to evaluate")
-    measure = StreamedExperts(target, text, settings)
-    base, scores, removal, details = choose_experts(measure, opts)
-    kept = measure.moe[min(measure.moe)].n - len(next(iter(removal.values())))
+    batches, text, measure, (base, scores, removal, details), kept = choose_streamed(target, opts, settings)
     with publish_dir(out) as tmp:
         written = write_experts(target, measure.moe, removal, tmp, {
             "pruned_from": str(target.name), "removed_experts": {str(b): g for b, g in sorted(removal.items())},

@@ -114,22 +114,13 @@ def prune_wrapper_experts_streamed(target: Any, opts: PruneOptions, out: Path, c
                                    ) -> dict[str, Any]:
     """:func:`prune_wrapper_experts` reading the wrapper one layer at a time (see the module docstring)."""
     from depthlab.base.fileio import publish_dir
-    from depthlab.prune.experts import choose_experts
     from depthlab.prune.experts_report import experts_report, write_experts_report
-    from depthlab.prune.pipeline import held_out_batches
-    from depthlab.prune.streamed_experts import StreamedExperts, expert_lane, experts_engine, write_experts
+    from depthlab.prune.streamed_experts import StreamedExperts, choose_streamed, expert_lane, experts_engine, write_experts
     from depthlab.prune.wrapper_checks import probes, stored_cost, streamed_logits, transformers_check_if_fits
     from depthlab.targets.stream.open import locate, open_streamed
-    from depthlab.targets.stream.sweep import SweepBatch
 
     t0, src = time.time(), target.source
-    batches = held_out_batches(target, opts)
-    text = [SweepBatch(x, y) for x, y in batches]
-    if not text:
-        raise DepthlabError("the held-out data gave no tokens to evaluate")
-    measure = StreamedExperts(target, text, settings)
-    base, scores, removal, details = choose_experts(measure, opts)
-    kept = measure.moe[min(measure.moe)].n - len(next(iter(removal.values())))
+    batches, text, measure, (base, scores, removal, details), kept = choose_streamed(target, opts, settings)
     ids, inputs = probes(target, opts)
     with publish_dir(out) as tmp:
         written = write_experts(target, measure.moe, removal, tmp, {
