@@ -323,6 +323,7 @@ CASES = [
                                     "--out", "{ws}/new"], "the model has blocks 1..2"),
     ("prune-out-dangling-symlink", ["prune", "{ws}/run", "--remove", "1", "--out", "{ws}/dangling"],
      "which does not exist"),
+    ("prune-bad-unit-no-out", ["prune", "{ws}/run", "--unit", "nope"], "unknown --unit 'nope'"),  # the value first
     ("diagnose-hf-pickle", ["diagnose", "{ws}/hf_pickle", "--device", "cpu", "--out", "{ws}/new"],
      "refusing to unpickle"),
     # ---- export

@@ -156,3 +156,13 @@ def test_a_streamed_vision_diagnose_with_deepstack_beyond_the_tower_writes_nothi
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and "deepstack_visual_indexes=[0, 5]" in err[0], err
     assert not out.exists() and not list(tmp_path.glob(".report*"))
+
+
+def test_a_config_with_two_text_configs_is_refused_in_one_line(tmp_path):
+    """MusicGen holds a text encoder and a decoder: transformers' get_text_config raises a ValueError for it, which
+    reached the user as a raw error; now one line naming the file."""
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("musicgen").save_pretrained(tmp_path)
+    with pytest.raises(DepthlabError, match=r"config\.json.*one text decoder.*Multiple valid text configs"):
+        check_model_dir(tmp_path)

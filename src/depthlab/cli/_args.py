@@ -127,3 +127,11 @@ def device_precision(args: argparse.Namespace, auto_weights: str | None = None) 
     weights, compute = precision_of(args)
     device = resolve_device(args.device)
     return (device, *resolve_precision(device, weights, compute, auto_weights))
+
+
+def refuse_early(target: Any, capability: str, opts: Any = None) -> None:
+    """What the command's checks will refuse for ``target`` from its config.json alone (:mod:`depthlab.hf.preflight`),
+    said before torch is imported: a model depthlab cannot read is refused in well under two seconds."""
+    from depthlab.hf.preflight import check
+
+    check(target, capability, stream=getattr(opts, "stream", None), tower=getattr(opts, "tower", "language"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from depthlab.analysis.diagnostics.options import SPLITS, DiagnoseOptions
 from depthlab.base.devices import DEVICE_HELP
-from depthlab.cli._args import device_precision, precision_flags
+from depthlab.cli._args import device_precision, precision_flags, refuse_early
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.models.schemes import BASELINE_SCHEME
 
@@ -121,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
     """Parse -> the library's checks and opening (depthlab.analysis.diagnostics.dispatch.CHECKS) -> this device's
     defaults -> the library's run, which writes the report -> the summary."""
     given = DIAGNOSE.given(args)
-    DiagnoseOptions(**given).validate()  # the values alone, before torch is imported: as fast as a bad flag
+    opts = DiagnoseOptions(**given)
+    opts.validate()  # the values alone, before torch is imported: as fast as a bad flag
+    refuse_early(args.target, "diagnose", opts)  # what config.json alone refuses, before torch is imported
     from depthlab.analysis.diagnostics import dispatch
     from depthlab.base.provenance import command_line
     from depthlab.targets.frame import Request, checked

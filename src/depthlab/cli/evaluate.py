@@ -6,7 +6,7 @@ import argparse
 
 from depthlab.analysis.evaluate.options import SCORINGS, EvaluateOptions
 from depthlab.base.devices import DEVICE_HELP
-from depthlab.cli._args import device_precision, precision_flags
+from depthlab.cli._args import device_precision, precision_flags, refuse_early
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.cli.diagnose import AUTO_WEIGHTS
 
@@ -51,7 +51,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
+    refuse_early(args.target, "diagnose")  # what config.json alone refuses (its blocks), before torch is imported
     from depthlab.analysis.evaluate import evaluate, load_tasks, markdown_table
     from depthlab.analysis.evaluate.image_model import image_text_config, load_image_text, refuse_image_tasks
     from depthlab.base.errors import DepthlabError

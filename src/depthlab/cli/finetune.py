@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from depthlab.cli._args import refuse_early
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.train.config import DIST_MODES, DTYPES, OPTIMIZERS, WEIGHT_DTYPES, TrainConfig
 
@@ -84,6 +85,8 @@ def _configs(args):
 
 
 def run(args) -> int:
+    if not args.resume and args.source:
+        refuse_early(args.source, "finetune")  # a model type it cannot convert, from config.json before torch is imported
     from depthlab.base.provenance import command_line
     from depthlab.train import TrainingDiverged
     from depthlab.train.finetune import finetune

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from depthlab.base.devices import DEVICE_HELP
-from depthlab.cli._args import device_precision, precision_flags
+from depthlab.cli._args import device_precision, precision_flags, refuse_early
 from depthlab.cli._options import Section, add_config_flag
 from depthlab.prune.options import EXPERT_METHODS, HEAL_MODES, LINEAR_FORMS, METHODS, HealOptions, PruneOptions
 
@@ -64,8 +64,6 @@ def run(args: argparse.Namespace) -> int:
 
     from depthlab.base.errors import DepthlabError
 
-    if not args.out:
-        raise DepthlabError("give --out DIR for the pruned checkpoint")
     given = PRUNE.given(args)
     progress = given.pop("progress", True)  # a bar on a terminal, ETA log lines otherwise (depthlab.base.progress)
     base = PruneOptions()
@@ -73,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
                           **HEAL.given(args), "progress": progress})
     opts = PruneOptions(**given, heal=heal, progress=progress)
     opts.validate()  # the values alone, before torch is imported: as fast as a bad flag
+    if not args.out:
+        raise DepthlabError("give --out DIR for the pruned checkpoint")
+    refuse_early(args.target, "prune", opts)  # what config.json alone refuses, before torch is imported
     from depthlab.base.provenance import command_line
     from depthlab.prune import dispatch
     from depthlab.targets.frame import Request, checked

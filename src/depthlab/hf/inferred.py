@@ -92,9 +92,18 @@ def wrapper_reason(config: Any) -> str | None:
     return None
 
 
+def encoder_reason(config: Any, path: str) -> str | None:
+    """Why a model whose block list is at ``path`` is an encoder, not a causal LM (its config's ``is_decoder`` false,
+    transformers' default, and its blocks under an ``encoder``), or None."""
+    if config_field(config, "is_decoder", False) is False and "encoder" in path.split("."):
+        return f"an encoder (its blocks are {path}, is_decoder is false), not a causal LM"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- the structure
-def _block_list(model: Any, n: int) -> tuple[str, Any] | str:
-    """(path, ModuleList) of the ``n`` blocks, or why there is none."""
+def block_list(model: Any, n: int) -> tuple[str, Any] | str:
+    """(path, ModuleList) of the ``n`` blocks, or why there is none (a line that holds for any ``n``: the table of
+    :mod:`depthlab.hf.structure` stores it)."""
     from torch import nn
 
     lists = [(p, m) for p, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n]
@@ -102,11 +111,29 @@ def _block_list(model: Any, n: int) -> tuple[str, Any] | str:
         keep = set(getattr(model, "_no_split_modules", None) or ())
         lists = [(p, m) for p, m in lists if any(type(b).__name__ in keep for b in m)] or lists
     if not lists:
-        return f"no ModuleList of its num_hidden_layers={n} blocks in {type(model).__name__}"
+        return f"no ModuleList of one module per block (num_hidden_layers) in {type(model).__name__}"
     if len(lists) > 1:
-        return (f"{len(lists)} ModuleLists of {n} modules in {type(model).__name__} "
+        return (f"{len(lists)} ModuleLists of one module per block in {type(model).__name__} "
                 f"({', '.join(p for p, _ in lists[:4])}): which holds the blocks cannot be told")
     return lists[0]
+
+
+def search_layers(model: Any) -> Any:
+    """The first non-empty ModuleList at :data:`~depthlab.hf.structure.LAYER_PATHS` under the model's base model, then
+    the model; or None (:func:`~depthlab.targets.layers.find_layers`' search where no layout is read)."""
+    from torch import nn
+
+    from depthlab.hf.structure import LAYER_PATHS
+
+    for root in (getattr(model, "base_model", None), model):
+        for path in LAYER_PATHS if root is not None else ():
+            try:
+                layers = root.get_submodule(path)
+            except AttributeError:
+                continue
+            if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+                return layers
+    return None
 
 
 def is_norm(module: Any) -> bool:
@@ -163,12 +190,12 @@ def layout(model: Any) -> dict[str, Any]:
     n = config_field(config, "num_hidden_layers")
     if why is None and not isinstance(n, int):
         why = "its config has no num_hidden_layers (no block count to find the blocks by)"
-    found = why if why is not None else _block_list(model, n)
+    found = why if why is not None else block_list(model, n)
     if isinstance(found, str):
         return {"refused": dict.fromkeys(ALL, found)}
     path, blocks = found
-    if config_field(config, "is_decoder", None) is False and "encoder" in path.split("."):
-        why = f"an encoder (its blocks are {path}, is_decoder is false), not a causal LM"
+    why = encoder_reason(config, path)
+    if why is not None:
         return {"refused": dict.fromkeys(ALL, why)}
     owner_path, _, attr = path.rpartition(".")
     owner = model.get_submodule(owner_path) if owner_path else model
@@ -177,6 +204,22 @@ def layout(model: Any) -> dict[str, Any]:
     norm_path = ".".join(p for p in (below.rpartition(".")[0], norm) if p) if norm else ""
     return {"base": base, "blocks": below, "norm": norm_path, "kind": _kind(config, blocks), "refused": {},
             **layer_fields(config, n)}
+
+
+def structural_reason(config: dict[str, Any]) -> str | None:
+    """Why a model type outside the registry has no layout depthlab can infer, from config.json's fields and the
+    committed class structure (:mod:`depthlab.hf.structure`); None when that cannot tell (or it has one)."""
+    from depthlab.hf.structure import structure_of
+
+    why = wrapper_reason(config)
+    if why is not None:
+        return why
+    causal = (structure_of(config["model_type"]) or {}).get("causal")
+    if causal is None:
+        return None
+    if "refused" in causal:
+        return causal["refused"]
+    return encoder_reason(config, causal["blocks"])
 
 
 @functools.lru_cache(maxsize=64)
@@ -196,7 +239,12 @@ def _layout_of_json(key: str) -> dict[str, Any]:
 
 def layout_of_config(config: Any) -> dict[str, Any]:
     """:func:`layout` of the class transformers builds for ``config`` (a config or config.json's dict), built on the
-    meta device once per distinct config."""
+    meta device once per distinct config; a refusal the committed class structure already decides
+    (:func:`structural_reason`) is returned without building anything."""
+    raw = config if isinstance(config, dict) else config.to_dict()
+    why = structural_reason(raw) if isinstance(raw.get("model_type"), str) else None
+    if why is not None:
+        return {"refused": dict.fromkeys(ALL, why)}
     try:
         values = as_config(config).to_dict()
     except Exception as err:  # noqa: BLE001 - transformers' config validation raises many kinds

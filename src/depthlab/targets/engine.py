@@ -76,7 +76,9 @@ def plan_engine(name: str, device: torch.device, dtype: torch.dtype, stream: boo
     found = locate(name, tower)
     if isinstance(found, str):
         if stream:
-            raise DepthlabError(f"--stream: cannot stream {name!r}: {found}")
+            from depthlab.hf.preflight import stream_line
+
+            raise DepthlabError(stream_line(name, found))
         return EnginePlan(False, "in memory (only HF safetensors directories and depthlab LM runs stream)")
     need, free = stored_bytes(found, dtype), available_memory(device)
     size = f"the model needs {gib(need)} in {str(dtype).replace('torch.', '')}" + (

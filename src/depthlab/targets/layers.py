@@ -9,13 +9,10 @@ from torch import nn
 
 from depthlab.base.errors import DepthlabError
 from depthlab.hf.families import family_of, family_of_model, get_path, known_family
+from depthlab.hf.inferred import search_layers
+from depthlab.hf.structure import no_layer_list
 from depthlab.hf.wrappers import find_tower, tower_family, wrapper_of
 from depthlab.models.decoder import SchemedModel
-
-#: Where other HF models (encoders, families not in depthlab.hf.families) keep their layer list, relative to
-#: ``model.base_model`` (tried in order).
-LAYER_PATHS: tuple[str, ...] = ("layers", "h", "blocks", "encoder.layer", "decoder.layers", "transformer.h",
-                                "model.layers", "layer")
 
 
 def find_layers(model: nn.Module, tower: str = "language") -> nn.ModuleList:
@@ -41,14 +38,7 @@ def find_layers(model: nn.Module, tower: str = "language") -> nn.ModuleList:
         layers = get_path(model, family_of(model_type, "diagnose").layers if not fam.inferred else fam.layers)
         if isinstance(layers, nn.ModuleList) and len(layers) > 0:
             return layers
-    for root in (getattr(model, "base_model", None), model):
-        if root is None:
-            continue
-        for path in LAYER_PATHS:
-            layers = get_path(root, path)
-            if isinstance(layers, nn.ModuleList) and len(layers) > 0:
-                return layers
-    raise DepthlabError(
-        f"cannot find the layer list of {type(model).__name__}: the diagnostics need a model whose blocks sit in "
-        f"a ModuleList at one of: {', '.join(LAYER_PATHS)} (depthlab models, HF Llama/Mistral/Qwen/GPT-2/BERT-style)"
-    )
+    layers = search_layers(model)
+    if layers is None:
+        raise DepthlabError(no_layer_list(type(model).__name__))
+    return layers

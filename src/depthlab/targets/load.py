@@ -20,7 +20,6 @@ masks, rotary tables and the head.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,7 @@ from depthlab.base.precision import default_compute_dtype
 from depthlab.data.tokenizers import model_tokenizer
 from depthlab.hf.families import layout_line
 from depthlab.hf.loading import third_party_output
+from depthlab.hf.preflight import is_encoder_dir
 from depthlab.models.schemes import BASELINE_SCHEME
 from depthlab.targets.engine import EnginePlan, plan_engine
 from depthlab.targets.layers import find_layers
@@ -104,17 +104,6 @@ def _encoder(path: str, dtype: torch.dtype, show: bool | None) -> nn.Module:
             return AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=False)
     except Exception as err:  # noqa: BLE001
         raise DepthlabError(f"cannot load a Hugging Face encoder from {path!r}: {first_line(err)[:300]}") from None
-
-
-def _is_encoder_dir(path: Path) -> bool:
-    if (path / "modules.json").is_file():  # a sentence-transformers model
-        return True
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    archs = cfg.get("architectures") or []
-    return bool(archs) and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) and not cfg.get("is_decoder")
 
 
 def _is_run_path(path: Path) -> bool:
@@ -189,6 +178,11 @@ def check_blocks_before_load(path: Path) -> None:
     evaluate, prune) says so in one line before reading weights. A table family always has its blocks found; an
     image-text wrapper has its own check (:func:`check_tower_target`); a config transformers cannot build is left to
     the loader's own line."""
+    from depthlab.hf.preflight import refusal
+
+    why = refusal(path, "diagnose")  # what config.json and the committed class structure decide, nothing built
+    if why is not None:
+        raise DepthlabError(why)
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     from depthlab.hf.families import FAMILIES
@@ -201,7 +195,7 @@ def check_blocks_before_load(path: Path) -> None:
         if getattr(config, "model_type", None) in FAMILIES:
             return
         with torch.device("meta"):
-            model = (AutoModel if _is_encoder_dir(path) else AutoModelForCausalLM).from_config(config)
+            model = (AutoModel if is_encoder_dir(path) else AutoModelForCausalLM).from_config(config)
     except Exception:  # noqa: BLE001 - the loader builds the same class first and names what is wrong, still unread
         return
     find_layers(model)
@@ -353,7 +347,7 @@ def _local(path: Path, name: str, dtype: torch.dtype, show: bool | None, run: An
 
         if image_text_config(path) is not None:  # an image-text-to-text wrapper: one of its towers
             return wrapper_target(path, name, dtype, show, tower)
-        if _is_encoder_dir(path):
+        if is_encoder_dir(path):
             model = _encoder(str(path), dtype, show)
             return Target(model, name, "hf-encoder", model_tokenizer(str(path)), _hf_info(model, str(path)),
                           getattr(model.config, "max_position_embeddings", None))
