@@ -18,9 +18,9 @@ from depthlab.hf import preflight, structure, structure_build
 from depthlab.hf.families import refusal_before_load
 
 
-def _model_dir(root, model_type: str, depth: int = 5, **fields):
-    """A config.json of ``model_type`` shrunk to ``depth`` blocks (not one of the table's depths) and a 1 GiB
-    placeholder weights file that any read would trip on (its header is zeros)."""
+def _model_dir(root, model_type: str, depth: int = 5, drop: tuple[str, ...] = (), **fields):
+    """A config.json of ``model_type`` shrunk to ``depth`` blocks (not one of the table's depths), without the fields
+    ``drop``, and a 1 GiB placeholder weights file that any read would trip on (its header is zeros)."""
     from transformers import AutoConfig
 
     from depthlab.hf.shrink import tiny_overrides
@@ -29,6 +29,9 @@ def _model_dir(root, model_type: str, depth: int = 5, **fields):
     config = type(default).from_dict({**default.to_dict(), **tiny_overrides(default, depth), **fields})
     path = root / model_type
     config.save_pretrained(path)
+    if drop:
+        raw = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if k not in drop}))
     with open(path / "model.safetensors", "wb") as f:
         f.truncate(1 << 30)
     return path
@@ -41,6 +44,8 @@ CASES = [
     ("bert", {"architectures": ["BertModel"]}, {("diagnose", False): False, ("diagnose", True): True,
                                                  ("prune", None): True}),
     ("bert", {"architectures": ["BertLMHeadModel"], "is_decoder": True}, {("prune", None): False}),
+    ("bert", {"architectures": ["BertLMHeadModel"], "drop": ("is_decoder",)}, {("prune", None): True}),  # class default
+    ("cpmant", {}, {("diagnose", False): False, ("prune", None): False}),  # no is_decoder field at all: no encoder
     ("bart", {}, {("prune", None): True}),
     ("olmo", {}, {("diagnose", False): False, ("diagnose", True): False, ("prune", None): False}),
 ]

@@ -92,10 +92,10 @@ def wrapper_reason(config: Any) -> str | None:
     return None
 
 
-def encoder_reason(config: Any, path: str) -> str | None:
+def encoder_reason(is_decoder: Any, path: str) -> str | None:
     """Why a model whose block list is at ``path`` is an encoder, not a causal LM (its config's ``is_decoder`` false,
-    transformers' default, and its blocks under an ``encoder``), or None."""
-    if config_field(config, "is_decoder", False) is False and "encoder" in path.split("."):
+    and its blocks under an ``encoder``; a config class without the field, e.g. CPM-Ant's, is no encoder), or None."""
+    if is_decoder is False and "encoder" in path.split("."):
         return f"an encoder (its blocks are {path}, is_decoder is false), not a causal LM"
     return None
 
@@ -194,7 +194,7 @@ def layout(model: Any) -> dict[str, Any]:
     if isinstance(found, str):
         return {"refused": dict.fromkeys(ALL, found)}
     path, blocks = found
-    why = encoder_reason(config, path)
+    why = encoder_reason(config_field(config, "is_decoder", None), path)
     if why is not None:
         return {"refused": dict.fromkeys(ALL, why)}
     owner_path, _, attr = path.rpartition(".")
@@ -219,7 +219,8 @@ def structural_reason(config: dict[str, Any]) -> str | None:
         return None
     if "refused" in causal:
         return causal["refused"]
-    return encoder_reason(config, causal["blocks"])
+    # config.json without is_decoder: the config class's own default, as the loaded config has it
+    return encoder_reason(config.get("is_decoder", causal.get("is_decoder")), causal["blocks"])
 
 
 @functools.lru_cache(maxsize=64)

@@ -15,15 +15,16 @@ what that build shows, read by the same functions the slow path uses:
   none, or its path from the causal LM (causal classes only);
 - ``layer_paths``: whether the generic search of :data:`LAYER_PATHS` finds a block list
   (:func:`depthlab.hf.inferred.search_layers`, :func:`~depthlab.targets.layers.find_layers`' fallback);
-- ``class``: the class's name, for the line.
+- ``class``: the class's name, for the line; ``is_decoder``: the config class's default (None where it has no such
+  field), for a config.json that does not say.
 
 Built by :mod:`depthlab.hf.structure_build`; each is kept only when the model built at two depths (2 and 3
 blocks, the family's own sizes shrunk: :func:`depthlab.hf.shrink.tiny_overrides`) says the same: the structure, not
 a size of the default config, decides it. What a config.json field decides (an encoder-decoder, a wrapper of
-towers, ``is_decoder``) is not stored: the reader applies the same rules to the user's config.json
-(:func:`depthlab.hf.inferred.structural_reason`). A model type, transformers version or build the table does not
-have is left to the slow path, which refuses the same way (still before any weight is read), only later: the table
-only ever makes a refusal earlier.
+towers, ``is_decoder``) is read from the user's config.json with the same rules, the class's default standing in
+for a field it does not have (:func:`depthlab.hf.inferred.structural_reason`). A model type, transformers version
+or build the table does not have is left to the slow path, which refuses the same way (still before any weight is
+read), only later: the table only ever makes a refusal earlier.
 """
 
 from __future__ import annotations

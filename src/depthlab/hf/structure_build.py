@@ -22,6 +22,7 @@ def _seen(model: Any, n: int, causal: bool) -> dict[str, Any]:
     if causal:
         found = block_list(model, n)
         seen.update({"refused": found} if isinstance(found, str) else {"blocks": found[0]})
+        seen["is_decoder"] = getattr(model.config, "is_decoder", None)  # the class's default, for a config.json without it
     return seen
 
 
