@@ -36,6 +36,7 @@ COMMANDS = [
     ("evaluate, XLM", ["evaluate", "{xlm}", "--tasks", "builtin-mc", "--out", "{o}"]),
     ("prune, XLM", ["prune", "{xlm}", "--remove", "1", "--out", "{o}"]),
     ("finetune, XLM", ["finetune", "{xlm}", "--data", "builtin-sft", "--out", "{o}"]),
+    ("export, XLM (not a run)", ["export", "{xlm}", "--hf", "{o}"]),
     ("prune, BERT encoder", ["prune", "{bert}", "--remove", "1", "--out", "{o}"]),
     ("diagnose --stream, BERT encoder", ["diagnose", "{bert}", "--stream"]),
     ("prune, LLaVA without text_config", ["prune", "{llava}", "--remove", "1", "--out", "{o}"]),

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,6 +98,7 @@ ARGVS = [
     (["evaluate", "{xlm}", "--tasks", "builtin-mc", "--out", "{o}"], "cannot find the layer list of XLMWithLMHeadModel"),
     (["prune", "{xlm}", "--remove", "1", "--out", "{o}"], "cannot prune xlm .*ModuleLists"),
     (["finetune", "{xlm}", "--data", "builtin-sft", "--out", "{o}"], "unsupported HF model_type 'xlm'"),
+    (["export", "{xlm}", "--hf", "{o}"], "is a Hugging Face model directory .*not a depthlab run"),
     (["prune", "{bert}", "--remove", "1", "--out", "{o}"], "cannot prune bert .*an encoder"),
     (["diagnose", "{bert}", "--stream"], "--stream: cannot stream .*an encoder"),
     (["prune", "{llava}", "--remove", "1", "--out", "{o}"], "LLaVA .*no text_config"),
@@ -107,7 +109,7 @@ DRIVER = ("import sys; from depthlab.cli import main; code = main(sys.argv[1:]);
 
 
 def test_every_refusal_from_config_json_comes_before_torch_or_transformers_is_imported(tmp_path):
-    """diagnose (both engines), evaluate, prune and finetune of models they cannot read (XLM: no block list to
+    """diagnose (both engines), evaluate, prune, finetune and export of models they cannot read (XLM: no block list to
     tell; a BERT encoder asked to prune or stream) refuse in one line, exit 2, in a process that never imports
     torch or transformers: no weight read, nothing built (the 1 GiB placeholder weights are never opened); so does an
     image-text wrapper without a text decoder."""
@@ -115,7 +117,8 @@ def test_every_refusal_from_config_json_comes_before_torch_or_transformers_is_im
              "llava": tmp_path / "llava"}
     paths["llava"].mkdir()  # an image-text wrapper without a text decoder
     (paths["llava"] / "config.json").write_text(json.dumps({"model_type": "llava", "vision_config": {}}))
-    env = {**os.environ, "DEPTHLAB_CACHE": str(tmp_path / "cache")}
+    src = str(Path(preflight.__file__).resolve().parents[2])  # the tree under test, whatever pip installed
+    env = {**os.environ, "DEPTHLAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": src}
     if structure.structure_of("xlm") is None:  # a transformers with no committed table: the user's, built as documented
         table = tmp_path / "cache" / "structure" / structure.table_name(str(structure.transformers_version()))
         table.parent.mkdir(parents=True)

@@ -36,7 +36,9 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
+    from depthlab.cli._args import refuse_early
 
+    refuse_early(args.run, "export")  # an HF model directory is no run: said before torch is imported
     from depthlab.base.errors import DepthlabError
     from depthlab.base.fileio import fresh_out
     from depthlab.base.precision import torch_dtype

@@ -19,8 +19,9 @@ from typing import Any
 
 from depthlab.base.errors import DepthlabError
 
-#: The capabilities a command asks of its target (``diagnose`` and ``evaluate`` ask "diagnose").
-COMMAND_CAPABILITIES = ("diagnose", "prune", "finetune")
+#: The capabilities a command asks of its target (``diagnose`` and ``evaluate`` ask "diagnose"; ``export`` takes
+#: depthlab runs only).
+COMMAND_CAPABILITIES = ("diagnose", "prune", "finetune", "export")
 
 
 def model_dir_config(target: Any) -> dict[str, Any] | None:
@@ -67,6 +68,9 @@ def refusal(target: Any, capability: str, *, stream: bool | None = None, tower: 
     if config is None:
         return None
     model_type = config["model_type"]
+    if capability == "export":
+        return (f"{str(target)!r} is a Hugging Face model directory (config.json, model type {model_type!r}), not a "
+                "depthlab run: export writes a depthlab run as a Hugging Face checkpoint")
     try:
         if is_image_text(config) or tower != "language":
             if capability != "finetune":  # a wrapper's towers: config.json's own refusals (check_wrapper_dir's)
