@@ -166,3 +166,36 @@ def test_a_config_with_two_text_configs_is_refused_in_one_line(tmp_path):
     AutoConfig.for_model("musicgen").save_pretrained(tmp_path)
     with pytest.raises(DepthlabError, match=r"config\.json.*one text decoder.*Multiple valid text configs"):
         check_model_dir(tmp_path)
+
+
+@pytest.mark.parametrize("engine", ["--stream", "--no-stream"])
+def test_an_image_token_that_is_not_the_processors_is_refused_before_the_load(tmp_path, capsys, monkeypatch, engine):
+    """LLaVA's image_token_index inside the vocabulary but not the id of the processor's <image>: the forward found no
+    image token in the processor's inputs and failed after the load, in transformers' words; now one line naming the
+    processor's id, before a model is built. The wrappers' own tiny directories pass the same check."""
+    import transformers
+
+    from depthlab.hf.processors import check_image_token, processor_image_token
+    from depthlab.hf.tiny import save_tiny_wrapper
+
+    for model_type in ("llava", "gemma3"):
+        good = save_tiny_wrapper(model_type, tmp_path / model_type)
+        text, token = processor_image_token(good)
+        assert json.loads((good / "config.json").read_text())["image_token_index"] == token, (model_type, text)
+        check_image_token(good)
+    path = tmp_path / "llava"
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["image_token_index"] = 5
+    (path / "config.json").write_text(json.dumps(cfg))
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model was built before the refusal")
+
+    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_config", never)
+    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_pretrained", never)
+    out = tmp_path / "report"
+    capsys.readouterr()
+    assert main(["diagnose", str(path), "--tower", "vision", engine, "--device", "cpu", "--out", str(out)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "image_token_index=5 is not the image token its processor writes ('<image>'" in err[0], err
+    assert not out.exists()

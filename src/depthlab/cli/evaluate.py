@@ -69,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
     tasks = load_tasks(opts.tasks, opts.limit)  # every task is read and checked before the model loads
     device, weights, compute = device_precision(args)
     if image_text_config(args.target) is not None:  # an image-text-to-text wrapper: the model and its processor
+        from depthlab.data.image_tasks import ImageTask
+        from depthlab.hf.processors import check_image_token
+
+        if any(isinstance(t, ImageTask) for t in tasks):  # before the load: the processor's image token is the model's
+            check_image_token(args.target)
         target, processor = load_image_text(args.target, device=device, dtype=weights)
     else:
         refuse_image_tasks(tasks, args.target)

@@ -133,3 +133,52 @@ def wrapper_processor(path: str | Path, expand: str = "") -> Any:
     log.info("%s: transformers' processor cannot be built here (%s); its inputs are made from %s and the tokenizer "
              "(image tokens expanded as the processor does)", path, why, type(image_processor).__name__)
     return ExpandedProcessor(image_processor, tokenizer, expand, config)
+
+
+# ---------------------------------------------------------------------------------------------- the image token
+#: Fields of config.json naming the id the wrapper's forward looks for where an image's features go.
+IMAGE_TOKEN_FIELDS = ("image_token_index", "image_token_id")
+
+
+def processor_image_token(path: str | Path) -> tuple[str, int] | None:
+    """(the image token the model directory's processor writes, its id in tokenizer.json), read from the saved files
+    alone (processor_config.json's ``image_token``, else tokenizer_config.json's); None where they do not say."""
+    path = Path(path)
+
+    def read(name: str) -> dict[str, Any]:
+        try:
+            data = json.loads((path / name).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    text = read("processor_config.json").get("image_token") or read("tokenizer_config.json").get("image_token")
+    tokenizer = read("tokenizer.json")
+    if not isinstance(text, str) or not tokenizer:
+        return None
+    for added in tokenizer.get("added_tokens") or ():
+        if isinstance(added, dict) and added.get("content") == text and isinstance(added.get("id"), int):
+            return text, added["id"]
+    vocab = (tokenizer.get("model") or {}).get("vocab")
+    token = vocab.get(text) if isinstance(vocab, dict) else None
+    return (text, token) if isinstance(token, int) else None
+
+
+def check_image_token(path: str | Path) -> None:
+    """A wrapper whose config.json names another image token id than the one its processor writes, refused in one line
+    before the load: its forward would find no image token in the processor's inputs and fail mid-run ("Image features
+    and image tokens do not match"). Nothing to say where the files do not name the processor's token."""
+    path = Path(path).expanduser()
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    found = processor_image_token(path) if isinstance(config, dict) else None
+    if found is None:
+        return
+    text, want = found
+    for name in IMAGE_TOKEN_FIELDS:
+        token = config.get(name)
+        if isinstance(token, int) and not isinstance(token, bool) and token != want:
+            raise DepthlabError(f"{str(path / 'config.json')!r}: {name}={token} is not the image token its processor "
+                                f"writes ({text!r}, id {want} in tokenizer.json); give {want}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -93,6 +94,10 @@ def check_vision_data(request: Any) -> None:
     opts = request.opts
     if getattr(opts, "tower", "language") == "vision":
         vision_items(opts.data, opts.images)
+        if isinstance(request.target, (str, Path)) and Path(request.target).expanduser().is_dir():
+            from depthlab.hf.processors import check_image_token
+
+            check_image_token(request.target)  # the processor's image token is the one the wrapper looks for
 
 
 class ImageTextBatches:
