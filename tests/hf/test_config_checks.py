@@ -134,9 +134,19 @@ def test_every_wrappers_tiny_config_passes_the_tower_check(tmp_path):
     check_model_dir(_config_dir(tmp_path / "oov", "gemma3", {"image_token_index": 400}))  # padded by its forward
 
 
+def _no_wrapper_built(monkeypatch) -> None:
+    """Building an image-text model fails the test: a refusal must come first."""
+    import transformers
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model was built before the refusal")
+
+    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_config", never)
+    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_pretrained", never)
+
+
 def test_a_streamed_vision_diagnose_with_deepstack_beyond_the_tower_writes_nothing(tmp_path, capsys, monkeypatch):
     """The attack's silent wrong result: a report was written. Now one line, exit 2, before a model is built."""
-    import transformers
 
     from depthlab.hf.tiny import save_tiny_wrapper
 
@@ -145,11 +155,7 @@ def test_a_streamed_vision_diagnose_with_deepstack_beyond_the_tower_writes_nothi
     cfg["vision_config"]["deepstack_visual_indexes"] = [0, 5]
     (path / "config.json").write_text(json.dumps(cfg))
 
-    def never(*args, **kwargs):
-        raise AssertionError("a model was built before the refusal")
-
-    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_config", never)
-    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_pretrained", never)
+    _no_wrapper_built(monkeypatch)
     out = tmp_path / "report"
     capsys.readouterr()
     assert main(["diagnose", str(path), "--tower", "vision", "--stream", "--device", "cpu", "--out", str(out)]) == 2
@@ -173,7 +179,6 @@ def test_an_image_token_that_is_not_the_processors_is_refused_before_the_load(tm
     """LLaVA's image_token_index inside the vocabulary but not the id of the processor's <image>: the forward found no
     image token in the processor's inputs and failed after the load, in transformers' words; now one line naming the
     processor's id, before a model is built. The wrappers' own tiny directories pass the same check."""
-    import transformers
 
     from depthlab.hf.processors import check_image_token, processor_image_token
     from depthlab.hf.tiny import save_tiny_wrapper
@@ -188,11 +193,7 @@ def test_an_image_token_that_is_not_the_processors_is_refused_before_the_load(tm
     cfg["image_token_index"] = 5
     (path / "config.json").write_text(json.dumps(cfg))
 
-    def never(*args, **kwargs):
-        raise AssertionError("a model was built before the refusal")
-
-    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_config", never)
-    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_pretrained", never)
+    _no_wrapper_built(monkeypatch)
     out = tmp_path / "report"
     capsys.readouterr()
     assert main(["diagnose", str(path), "--tower", "vision", engine, "--device", "cpu", "--out", str(out)]) == 2
