@@ -15,7 +15,8 @@ set -euo pipefail
 OUT=${OUT:-/tmp/regime}
 JOBS=${JOBS:-1}
 PHASES=${PHASES:-1 2 3 4 5 6 7}
-BASE="--preset tiny --steps 200 --diag-tokens 8192 --no-diag-sublayers --no-diag-lens --no-jacobian --jobs $JOBS"
+DATA=${DATA:-}  # empty: the built-in corpus (what ran); DATA=open-english OUT=/tmp/regime-oe: the same grid on it
+BASE="--preset tiny --steps 200 --diag-tokens 8192 --no-diag-sublayers --no-diag-lens --no-jacobian --jobs $JOBS${DATA:+ --data $DATA}"
 
 long() {  # $1 seeds, $2 schemes: AdamW and Muon at weight decay 0.1, length 1024
     for opt in adamw muon; do
