@@ -447,7 +447,7 @@ GENERIC_NOTES: dict[str, str] = {
                  "beside it, per-layer config lists cut with the blocks, all read from the model transformers builds "
                  "(meta device); encoders, encoder-decoders, image-text models no wrapper entry reads and models with "
                  "no such list are refused from config.json before any weight is read, by every command, in "
-                 "0.15-0.23 s (before torch is imported: a committed table of every transformers class's structure, "
+                 "0.14-0.17 s (before torch is imported: a committed table of every transformers class's structure, "
                  "docs/families.md); verified on "
                  "92 of the 111 decoder families transformers 5.24 builds outside the table (83 %; the rest refused "
                  "in one line, none wrong: docs/families.md)"),
