@@ -140,14 +140,20 @@ def _transformers_config(path: Path, file: Path) -> Any:
         raise DepthlabError(f"{str(file)!r} is not a valid config: {why[:240]}") from None
 
 
+def _text_config(config: Any, file: Path | str) -> Any:
+    """The text decoder's config of ``config`` (itself for a text model); one line when it has several text configs
+    (MusicGen's text_encoder and decoder), where transformers raises a ValueError."""
+    try:
+        return config.get_text_config() if hasattr(config, "get_text_config") else config
+    except ValueError as err:
+        raise DepthlabError(f"{str(file)!r}: depthlab reads a model with one text decoder; "
+                            f"{first_line(err)[:160]}") from None
+
+
 def check_layer_fields(config: Any, file: Path | str = "config.json") -> None:
     """depthlab's rules on a transformers config (its text config for a wrapper): one entry per layer in every
     per-layer list, :data:`LAYER_COUNT_LIMITS`."""
-    try:
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    except ValueError as err:  # several text configs (MusicGen's text_encoder and decoder): no one decoder to read
-        raise DepthlabError(f"{str(file)!r}: depthlab reads a model with one text decoder; "
-                            f"{first_line(err)[:160]}") from None
+    text = _text_config(config, file)
     n = getattr(text, "num_hidden_layers", None)
     if not isinstance(n, int):
         return
@@ -193,11 +199,7 @@ def check_tower_fields(config: Any, file: Path | str = "config.json") -> None:
     from depthlab.hf.wrappers import WRAPPERS, sub_config
 
     wrapper = WRAPPERS.get(config_field(config, "model_type"))
-    try:
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    except ValueError as err:  # several text configs (MusicGen's text_encoder and decoder): no one decoder to read
-        raise DepthlabError(f"{str(file)!r}: depthlab reads a model with one text decoder; "
-                            f"{first_line(err)[:160]}") from None
+    text = _text_config(config, file)
     n = getattr(text, "num_hidden_layers", None)
     fam = known_family(getattr(text, "model_type", None))
     if isinstance(n, int):

@@ -308,19 +308,10 @@ def refusal_before_load(target: Any, capability: str) -> str | None:
     """Why ``capability`` is refused for the HF checkpoint directory ``target``, from its config.json alone (and the
     class transformers builds for it on the meta device): one line, before any weight is read; None when it is not
     refused, or when ``target`` is not an HF directory (a depthlab run, a name, a model already opened)."""
-    import json
-    from pathlib import Path
+    from depthlab.base.paths import model_dir_config
 
-    if not isinstance(target, (str, Path)):
-        return None
-    path = Path(target).expanduser()
-    if not (path / "config.json").is_file() or (path / "checkpoint").is_dir() or (path / "trainer_state.json").is_file():
-        return None
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None  # the loader names what is wrong with it
-    if not isinstance(config, dict) or "model_type" not in config:
+    config = model_dir_config(target)  # None: no HF directory, or a config.json the loader names the fault of
+    if config is None:
         return None
     if isinstance(config.get("vision_config"), dict):
         return None  # an image-text wrapper: its towers' entries decide (depthlab.hf.wrappers)

@@ -18,26 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from depthlab.base.errors import DepthlabError
+from depthlab.base.paths import model_dir_config
 
 #: The capabilities a command asks of its target (``diagnose`` and ``evaluate`` ask "diagnose"; ``export`` takes
 #: depthlab runs only).
 COMMAND_CAPABILITIES = ("diagnose", "prune", "finetune", "export")
-
-
-def model_dir_config(target: Any) -> dict[str, Any] | None:
-    """config.json of the HF checkpoint directory ``target`` designates (not a depthlab run, a preset, a file or a hub
-    id), when it is a JSON object with a ``model_type``; else None (the loader says what is wrong)."""
-    if not isinstance(target, (str, Path)) or str(target).startswith("preset:"):
-        return None
-    path = Path(target).expanduser()
-    if not (path / "config.json").is_file() or (path / "checkpoint").is_dir() or (path / "trainer_state.json").is_file() \
-            or path.name == "checkpoint":
-        return None
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) and isinstance(config.get("model_type"), str) else None
 
 
 def is_encoder_dir(path: Path, config: dict[str, Any] | None = None) -> bool:

@@ -52,6 +52,7 @@ def no_layer_list(class_name: str) -> str:
             f"ModuleList at one of: {', '.join(LAYER_PATHS)} (depthlab models, HF Llama/Mistral/Qwen/GPT-2/BERT-style)")
 
 
+@functools.lru_cache(maxsize=1)
 def transformers_version() -> str | None:
     """The installed transformers' version, from its metadata (transformers is not imported), or None."""
     from importlib.metadata import PackageNotFoundError, version

@@ -29,7 +29,7 @@ from torch import nn
 
 from depthlab.base.errors import DepthlabError, first_line
 from depthlab.base.extras import needs
-from depthlab.base.paths import check_local_target
+from depthlab.base.paths import check_local_target, is_run_path
 from depthlab.base.precision import default_compute_dtype
 from depthlab.data.tokenizers import model_tokenizer
 from depthlab.hf.families import layout_line
@@ -104,10 +104,6 @@ def _encoder(path: str, dtype: torch.dtype, show: bool | None) -> nn.Module:
             return AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=False)
     except Exception as err:  # noqa: BLE001
         raise DepthlabError(f"cannot load a Hugging Face encoder from {path!r}: {first_line(err)[:300]}") from None
-
-
-def _is_run_path(path: Path) -> bool:
-    return (path / "checkpoint").is_dir() or (path / "trainer_state.json").is_file() or path.name == "checkpoint"
 
 
 # ---------------------------------------------------------------------- loading
@@ -204,7 +200,7 @@ def check_blocks_before_load(path: Path) -> None:
 def _model_dir(name: str) -> Path | None:
     """The HF model directory ``name`` designates (one with a config.json; not a depthlab run), else None."""
     path = Path(name).expanduser()
-    if name.startswith("preset:") or not path.is_dir() or _is_run_path(path) or not (path / "config.json").is_file():
+    if name.startswith("preset:") or not path.is_dir() or is_run_path(path) or not (path / "config.json").is_file():
         return None
     return path
 
@@ -217,7 +213,7 @@ def check_tower_target(name: str, tower: str) -> None:
 
     check_tower_name(tower)
     path = Path(name).expanduser()
-    if path.is_dir() and not _is_run_path(path):
+    if path.is_dir() and not is_run_path(path):
         check_wrapper_dir(path, tower)
     elif tower != "language":
         raise DepthlabError(f"--tower {tower}: {name!r} is not an image-text-to-text model directory; only such a "
@@ -338,7 +334,7 @@ def _local(path: Path, name: str, dtype: torch.dtype, show: bool | None, run: An
         model = _causal_from_pretrained(str(path.parent), dtype, show, gguf_file=path.name)
         return Target(model, name, "hf-causal-lm", model_tokenizer(str(path.parent), gguf_file=path.name),
                       _hf_info(model, str(path)), getattr(model.config, "max_position_embeddings", None))
-    if path.is_dir() and _is_run_path(path):
+    if path.is_dir() and is_run_path(path):
         from depthlab.targets.runs import run_target
 
         return run_target(path, name, run)
