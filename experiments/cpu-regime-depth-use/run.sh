@@ -15,6 +15,7 @@ set -euo pipefail
 OUT=${OUT:-/tmp/regime}
 JOBS=${JOBS:-1}
 PHASES=${PHASES:-1 2 3 4 5 6 7}
+SHORT=${SHORT:-512 128}  # the lengths short() runs; SHORT=128: issue 47's grid alone (how open-english ran)
 DATA=${DATA:-}  # empty: the built-in corpus (what ran); DATA=open-english OUT=/tmp/regime-oe: the same grid on it
 BASE="--preset tiny --steps 200 --diag-tokens 8192 --no-diag-sublayers --no-diag-lens --no-jacobian --jobs $JOBS${DATA:+ --data $DATA}"
 
@@ -27,10 +28,12 @@ long() {  # $1 seeds, $2 schemes: AdamW and Muon at weight decay 0.1, length 102
 
 short() {  # $1 seeds, $2 schemes, $3 the weight decays of the AdamW cells: the cells of length 512 and 128
     local common="$BASE --schemes $2 --seeds $1 --set max_seq_len=512"
-    depthlab compare $common --optimizer muon --weight-decay 0.1 --seq-len 512 --batch-size 2 --diag-seq-len 512 \
-        --out "$OUT/muon-seq512-wd0.1"
-    depthlab compare $common --optimizer adamw --seq-len 512 --batch-size 2 --diag-seq-len 512 \
-        --sweep weight_decay="$3" --out "$OUT/adamw-seq512"
+    if [[ " $SHORT " == *" 512 "* ]]; then
+        depthlab compare $common --optimizer muon --weight-decay 0.1 --seq-len 512 --batch-size 2 --diag-seq-len 512 \
+            --out "$OUT/muon-seq512-wd0.1"
+        depthlab compare $common --optimizer adamw --seq-len 512 --batch-size 2 --diag-seq-len 512 \
+            --sweep weight_decay="$3" --out "$OUT/adamw-seq512"
+    fi
     depthlab compare $common --optimizer adamw --seq-len 128 --batch-size 8 --diag-seq-len 128 \
         --sweep weight_decay="$3" --out "$OUT/adamw-seq128"
 }
